@@ -1,0 +1,90 @@
+// Backend: the one interface between model code and hardware. The model describes
+// a forward pass as a sequence of these operations; a backend (CPU today; CUDA and
+// Ascend as further implementations in their own folders) carries them out.
+//
+// Activation pointers (float*) live in the backend's memory: host memory for the
+// CPU backend. Weights are TensorViews as the loader produced them (any DType);
+// a backend may repack them once in prepare_weight().
+//
+// Shapes are written [outer, ..., inner], row-major, contiguous unless a stride is
+// given. All reductions (norms, softmax, dot products) accumulate in FP32.
+//
+// Thread-safety: one backend is driven by one thread (the engine thread); the
+// backend parallelises internally.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tensor/tensor_view.h"
+
+namespace dserve {
+
+class ThreadPool;
+
+// Precomputed RoPE rotation for one model: for each position p < n_positions and
+// each pair i < head_dim/2 (rotary dims only), cos/sin of p * inv_freq[i] * scale,
+// including any attention-factor scaling (YaRN's mscale) folded into the values.
+struct RopeTable {
+  int rotary_dim = 0;      // number of leading dims of each head that rotate
+  int64_t n_positions = 0;
+  const float* cos = nullptr;  // [n_positions, rotary_dim / 2]
+  const float* sin = nullptr;  // [n_positions, rotary_dim / 2]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;  // "cpu-avx512", "cpu-avx2", "cpu-scalar", ...
+
+  // y[n_tokens, n_out] = x[n_tokens, n_in] · w[n_out, n_in]ᵀ, then + bias[n_out] if
+  // bias is non-null (bias F32/F16/BF16). w may be any DType.
+  virtual void matmul(const TensorView& w, const TensorView* bias, const float* x,
+                      int64_t n_tokens, float* y) = 0;
+
+  // out[i] = table[ids[i]] as float: out[n_ids, row_length].
+  virtual void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
+                        float* out) = 0;
+
+  // out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for x, out [n_tokens, n].
+  // out may alias x.
+  virtual void rms_norm(const float* x, const TensorView& weight, float eps, int64_t n_tokens,
+                        int64_t n, float* out) = 0;
+
+  // out = silu(gate) * up elementwise, n values. out may alias gate.
+  virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+
+  // x += y elementwise, n values.
+  virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
+
+  // Rotates, in place, the first table.rotary_dim dims of each head of
+  // x[n_tokens, n_heads, head_dim], token t at position positions[t].
+  // pairs_interleaved: rotate (x[2i], x[2i+1]) (GPT-J / GGUF-Llama layout);
+  // otherwise rotate (x[i], x[i + rotary_dim/2]) (Hugging Face "rotate_half").
+  virtual void rope(float* x, int64_t n_tokens, int n_heads, int head_dim,
+                    const int32_t* positions, const RopeTable& table, bool pairs_interleaved) = 0;
+
+  // Causal attention of one sequence over a contiguous KV store.
+  //   q   [n_tokens, n_heads, head_dim]        queries, token t at position positions[t]
+  //   k   [n_kv, n_kv_heads, head_dim]         keys for positions 0..n_kv-1
+  //   v   [n_kv, n_kv_heads, v_dim]            values
+  //   out [n_tokens, n_heads, v_dim]
+  // Token t attends to keys 0..positions[t]. Head h uses kv head h / (n_heads / n_kv_heads).
+  // Softmax in FP32 with the given scale.
+  virtual void attention(const float* q, const float* k, const float* v, float* out,
+                         int64_t n_tokens, const int32_t* positions, int64_t n_kv, int n_heads,
+                         int n_kv_heads, int head_dim, int v_dim, float scale) = 0;
+};
+
+struct CpuBackendOptions {
+  int n_threads = 0;  // 0: one per online CPU
+  bool pin_threads = false;
+  // Force an instruction set ("scalar", "avx2", "avx512"); empty: best available.
+  std::string isa;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
+
+}  // namespace dserve

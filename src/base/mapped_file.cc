@@ -1,0 +1,68 @@
+#include "base/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace dserve {
+
+Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    std::string msg = path + ": " + std::strerror(err);
+    return err == ENOENT ? not_found(msg) : io_error(msg);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return io_error(path + ": " + std::strerror(err));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return invalid_argument(path + ": is a directory, expected a file");
+  }
+  size_t size = static_cast<size_t>(st.st_size);
+  const uint8_t* data = nullptr;
+  if (size > 0) {
+    void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      return io_error(path + ": mmap failed: " + std::strerror(err));
+    }
+    data = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void MappedFile::advise_huge_pages() const {
+#ifdef MADV_HUGEPAGE
+  if (data_ != nullptr) madvise(const_cast<uint8_t*>(data_), size_, MADV_HUGEPAGE);
+#endif
+}
+
+void* alloc_huge(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, rounded) != 0) return nullptr;
+#ifdef MADV_HUGEPAGE
+  madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void free_huge(void* p, size_t) { free(p); }
+
+}  // namespace dserve

@@ -1,0 +1,63 @@
+// ThreadPool: a fixed set of persistent worker threads that run one parallel job at
+// a time. The calling thread takes part as worker 0, so a pool of N threads starts
+// N-1 OS threads.
+//
+// Kernels are dispatched tens of times per token, so waking workers must be cheap:
+// workers spin briefly on an atomic epoch before sleeping on a condition variable.
+//
+// Thread-safety: run() must be called from one thread at a time (the engine thread).
+// It returns only when every task of the job has finished.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace dserve {
+
+class ThreadPool {
+ public:
+  // n_threads <= 0 means one per online CPU. pin: bind worker i to CPU i.
+  explicit ThreadPool(int n_threads, bool pin = false);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int n_threads() const { return n_threads_; }
+
+  // Runs fn(task, thread) for every task in [0, n_tasks), spread over the workers
+  // dynamically. `thread` is in [0, n_threads()) and is stable within one call, so it
+  // can index per-thread scratch buffers.
+  void run(int64_t n_tasks, const std::function<void(int64_t task, int thread)>& fn);
+
+  // Splits [0, n) into contiguous chunks of at least `grain` elements and runs
+  // fn(begin, end, thread) for each.
+  void parallel_for(int64_t n, int64_t grain,
+                    const std::function<void(int64_t begin, int64_t end, int thread)>& fn);
+
+  static int default_thread_count();
+
+ private:
+  void worker_main(int thread);
+  void work(int thread);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+
+  // The current job; written by run() before the epoch is bumped.
+  const std::function<void(int64_t, int)>* job_ = nullptr;
+  int64_t n_tasks_ = 0;
+  std::atomic<int64_t> next_task_{0};
+  std::atomic<int> n_busy_{0};
+
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+};
+
+}  // namespace dserve

@@ -1,0 +1,74 @@
+// ModelFiles: everything dserve reads from disk for one model, whichever format it
+// came in, presented one way:
+//   - a Hugging Face directory: config.json, generation_config.json (optional),
+//     tokenizer.json, tokenizer_config.json, model.safetensors or sharded
+//     model-0000k-of-0000n.safetensors with model.safetensors.index.json;
+//   - a GGUF file (single or split).
+// Tensors are exposed under their Hugging Face names
+// ("model.layers.3.self_attn.q_proj.weight") so model code has one naming scheme.
+//
+// Note on GGUF Llama files: llama.cpp's converter permutes the rows of q_proj and
+// k_proj so that RoPE rotates adjacent pairs; rope_pairs_interleaved() says so and
+// the model applies RoPE accordingly (no copy of the weights is made).
+//
+// Thread-safety: immutable after open().
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/mapped_file.h"
+#include "base/status.h"
+#include "loader/gguf_file.h"
+#include "tensor/tensor_view.h"
+
+namespace dserve {
+
+enum class ModelFormat { kHuggingFace, kGguf };
+
+class ModelFiles {
+ public:
+  // `path` is a directory (Hugging Face layout) or a .gguf file. Errors name the
+  // offending file and what is wrong with it.
+  static Result<std::unique_ptr<ModelFiles>> open(const std::string& path);
+
+  ModelFormat format() const { return format_; }
+  const std::string& path() const { return path_; }
+
+  // Hugging Face only (null for GGUF): parsed JSON files; optional ones may be null.
+  const nlohmann::json* hf_config() const { return opt(hf_config_); }
+  const nlohmann::json* generation_config() const { return opt(generation_config_); }
+  const nlohmann::json* tokenizer_json() const { return opt(tokenizer_json_); }
+  const nlohmann::json* tokenizer_config() const { return opt(tokenizer_config_); }
+
+  // GGUF only (null for Hugging Face).
+  const GgufMetadata* gguf_metadata() const { return gguf_ ? &gguf_->metadata() : nullptr; }
+
+  // All tensors under Hugging Face names.
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const TensorView* find(const std::string& hf_name) const;
+  // NotFound naming the model path and tensor.
+  Result<const TensorView*> get(const std::string& hf_name) const;
+
+  // True for GGUF files of architecture "llama" (see the note above).
+  bool rope_pairs_interleaved() const { return rope_pairs_interleaved_; }
+
+  size_t total_tensor_bytes() const;
+
+ private:
+  static const nlohmann::json* opt(const nlohmann::json& j) { return j.is_null() ? nullptr : &j; }
+
+  ModelFormat format_ = ModelFormat::kHuggingFace;
+  std::string path_;
+  nlohmann::json hf_config_, generation_config_, tokenizer_json_, tokenizer_config_;
+  std::unique_ptr<GgufFile> gguf_;
+  std::vector<std::unique_ptr<MappedFile>> maps_;  // safetensors shards
+  std::map<std::string, TensorView> tensors_;
+  bool rope_pairs_interleaved_ = false;
+};
+
+}  // namespace dserve

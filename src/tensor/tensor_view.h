@@ -1,0 +1,42 @@
+// TensorView: a borrowed, read-only view of a weight tensor in memory (usually
+// inside a memory-mapped model file).
+//
+// Shapes are in PyTorch order: shape[0] is the outermost dimension, the last is
+// contiguous. A linear layer's weight is [n_out, n_in]; for quantised types the
+// blocks run along the last dimension. (GGUF lists dimensions innermost-first;
+// the GGUF reader reverses them.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace dserve {
+
+struct TensorView {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t n_bytes = 0;
+
+  int64_t n_elements() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  int n_dims() const { return static_cast<int>(shape.size()); }
+  // Size of the last (contiguous) dimension; 1 for a scalar.
+  int64_t row_length() const { return shape.empty() ? 1 : shape.back(); }
+  int64_t n_rows() const { return row_length() == 0 ? 0 : n_elements() / row_length(); }
+  size_t row_bytes() const { return dtype_bytes(dtype, row_length()); }
+  const uint8_t* row(int64_t i) const {
+    return static_cast<const uint8_t*>(data) + static_cast<size_t>(i) * row_bytes();
+  }
+};
+
+std::string shape_to_string(const std::vector<int64_t>& shape);  // "[576, 1536]"
+
+}  // namespace dserve
