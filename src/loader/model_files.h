@@ -16,6 +16,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@
 
 namespace dserve {
 
+class SafetensorsFile;
+
 enum class ModelFormat { kHuggingFace, kGguf };
 
 class ModelFiles {
@@ -35,6 +38,9 @@ class ModelFiles {
   // `path` is a directory (Hugging Face layout) or a .gguf file. Errors name the
   // offending file and what is wrong with it.
   static Result<std::unique_ptr<ModelFiles>> open(const std::string& path);
+  ~ModelFiles();
+  ModelFiles(const ModelFiles&) = delete;
+  ModelFiles& operator=(const ModelFiles&) = delete;
 
   ModelFormat format() const { return format_; }
   const std::string& path() const { return path_; }
@@ -47,6 +53,8 @@ class ModelFiles {
 
   // GGUF only (null for Hugging Face).
   const GgufMetadata* gguf_metadata() const { return gguf_ ? &gguf_->metadata() : nullptr; }
+  // The GGUF file itself, with tensors under their GGUF names (null for Hugging Face).
+  const GgufFile* gguf() const { return gguf_.get(); }
 
   // All tensors under Hugging Face names.
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
@@ -60,13 +68,18 @@ class ModelFiles {
   size_t total_tensor_bytes() const;
 
  private:
+  ModelFiles() = default;
+  Status open_gguf();
+  Status open_hf_dir();
+  // Adds the tensors of one safetensors file; `expected` (from the index) must all be in it.
+  Status add_safetensors(const std::string& file, const std::set<std::string>* expected);
   static const nlohmann::json* opt(const nlohmann::json& j) { return j.is_null() ? nullptr : &j; }
 
   ModelFormat format_ = ModelFormat::kHuggingFace;
   std::string path_;
   nlohmann::json hf_config_, generation_config_, tokenizer_json_, tokenizer_config_;
   std::unique_ptr<GgufFile> gguf_;
-  std::vector<std::unique_ptr<MappedFile>> maps_;  // safetensors shards
+  std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::map<std::string, TensorView> tensors_;
   bool rope_pairs_interleaved_ = false;
 };
