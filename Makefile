@@ -17,7 +17,7 @@ ASAN_BUILD := build-asan
 DEFAULT_MODEL := $(DSERVE_CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT ?= The three most useful things to know about the ocean are
 
-APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libpcre2-dev libcli11-dev \
+APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev \
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip
 
 .PHONY: all setup deps venv model build build-asan run serve test test-cpp test-asan test-py bench clean
