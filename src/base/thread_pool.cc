@@ -99,7 +99,12 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t, int)>& f
   }
   wake_.notify_all();
   work(0);
-  while (n_busy_.load(std::memory_order_acquire) != 0) cpu_relax();
+  // A worker may have been descheduled (more runnable threads than cores): after a
+  // short spin, give the core away instead of burning the rest of our time slice.
+  for (int spins = 0; n_busy_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpinIterations) cpu_relax();
+    else std::this_thread::yield();
+  }
   job_ = nullptr;
 }
 

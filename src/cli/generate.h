@@ -1,0 +1,26 @@
+// `dserve generate`: run a prompt through a model and stream the continuation to
+// stdout, then report prompt and decode speed on stderr.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cli/cli_common.h"
+#include "sampling/sampler.h"
+
+namespace dserve::cli {
+
+struct GenerateOptions {
+  CommonOptions common;
+  std::string prompt;      // text, tokenised with the model's tokenizer
+  std::string prompt_ids;  // or token ids directly ("1,2,3"), for developers and tests
+  int max_tokens = 128;
+  SamplingParams sampling;
+  bool ignore_eos = false;  // keep going past stop tokens
+  bool print_ids = false;   // print generated ids (one line, comma-separated) instead of text
+};
+
+// Returns the process exit code; errors are reported as one line on stderr.
+int run_generate(const GenerateOptions& options);
+
+}  // namespace dserve::cli

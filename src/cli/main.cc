@@ -1,0 +1,93 @@
+// dserve: the command-line entry point. Parses the subcommand and its options, then
+// hands over to run_generate / run_perplexity. Every failure ends as one line on
+// stderr ("dserve: error: ...") and a non-zero exit status.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "base/log.h"
+#include "cli/generate.h"
+#include "cli/perplexity.h"
+
+namespace {
+
+using dserve::cli::CommonOptions;
+
+void add_common_options(CLI::App* cmd, CommonOptions* o) {
+  cmd->add_option("--model", o->model,
+                  "model: a .gguf file or a Hugging Face directory (default: $DSERVE_MODEL, else "
+                  "$DSERVE_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  cmd->add_option("--threads", o->n_threads, "worker threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--pin-threads", o->pin_threads, "pin worker i to CPU i");
+  cmd->add_option("--log-level", o->log_level, "debug, info, warning or error")
+      ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
+  cmd->add_option("--isa", o->isa,
+                  "force the CPU kernels' instruction set (default: best available)")
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"dserve: an LLM inference engine"};
+  app.require_subcommand(1);
+
+  dserve::cli::GenerateOptions gen;
+  CLI::App* generate =
+      app.add_subcommand("generate", "continue a prompt, streaming text to stdout");
+  add_common_options(generate, &gen.common);
+  generate->add_option("--prompt", gen.prompt, "prompt text");
+  generate->add_option("--prompt-ids", gen.prompt_ids,
+                       "prompt as token ids, e.g. 1,2,3 (instead of --prompt)");
+  generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate at most (default 128)");
+  generate->add_option("--temperature", gen.sampling.temperature,
+                       "sampling temperature; 0: greedy (default 1)");
+  generate->add_option("--top-p", gen.sampling.top_p, "nucleus sampling mass (default 1: off)");
+  generate->add_option("--top-k", gen.sampling.top_k,
+                       "sample among the k best tokens (default 0: off)");
+  generate->add_option("--seed", gen.sampling.seed, "random seed (default 0)");
+  generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at end-of-sequence tokens");
+  generate->add_flag("--print-ids", gen.print_ids, "print generated token ids instead of text");
+
+  dserve::cli::PerplexityOptions ppl;
+  CLI::App* perplexity = app.add_subcommand("perplexity", "score a text and print its perplexity");
+  add_common_options(perplexity, &ppl.common);
+  perplexity->add_option("--file", ppl.file, "text file to score");
+  perplexity->add_option("--token-ids", ppl.token_ids_file,
+                         "file of token ids to score (instead of --file)");
+  perplexity->add_option(
+      "--ctx", ppl.ctx,
+      "window length in tokens (default: the whole input, up to the model's context)");
+  perplexity->add_option("--batch", ppl.batch, "tokens per forward pass (default 512)");
+  perplexity->add_option("--logprobs-out", ppl.logprobs_out,
+                         "write per-position log-probabilities to this JSON file");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "dserve: error: %s (see dserve --help)\n", e.what());
+    return 2;
+  }
+
+  CommonOptions& common = generate->parsed() ? gen.common : ppl.common;
+  dserve::set_log_level(common.log_level);
+  if (generate->parsed()) return dserve::cli::run_generate(gen);
+  return dserve::cli::run_perplexity(ppl);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Library code reports failures as Status; this only catches what the standard
+  // library throws (allocation failure) so that it too ends as one line.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dserve: error: %s\n", e.what());
+    return 1;
+  }
+}

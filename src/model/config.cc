@@ -1,0 +1,455 @@
+#include "model/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "loader/gguf_file.h"
+#include "loader/model_files.h"
+
+namespace dserve {
+
+std::string_view architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama:
+      return "LlamaForCausalLM";
+    case Architecture::kQwen2:
+      return "Qwen2ForCausalLM";
+  }
+  return "?";
+}
+
+std::string_view rope_scaling_name(RopeScalingType t) {
+  switch (t) {
+    case RopeScalingType::kDefault:
+      return "default";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+    case RopeScalingType::kYarn:
+      return "yarn";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr std::string_view kSupportedHf = "LlamaForCausalLM, Qwen2ForCausalLM";
+
+// Typed field readers for config.json. A missing optional field keeps `out`; a
+// field of the wrong type is an error naming the file and key. JSON null counts as
+// absent, as transformers treats it.
+class JsonReader {
+ public:
+  JsonReader(const nlohmann::json& j, const std::string& source) : j_(j), source_(source) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  Status get_int(const char* key, int64_t* out, bool required) const {
+    if (!has(key)) return required ? missing(key) : Status::Ok();
+    const auto& v = j_[key];
+    if (v.is_number_integer()) {
+      *out = v.get<int64_t>();
+      return Status::Ok();
+    }
+    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+      *out = static_cast<int64_t>(v.get<double>());
+      return Status::Ok();
+    }
+    return corrupt(source_ + ": '" + key + "' must be an integer, got " + v.dump());
+  }
+  Status get_int(const char* key, int* out, bool required) const {
+    int64_t v = *out;
+    DS_RETURN_IF_ERROR(get_int(key, &v, required));
+    if (v < INT32_MIN || v > INT32_MAX) return corrupt(source_ + ": '" + key + "' out of range");
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  }
+  Status get_double(const char* key, double* out, bool required) const {
+    if (!has(key)) return required ? missing(key) : Status::Ok();
+    const auto& v = j_[key];
+    if (!v.is_number())
+      return corrupt(source_ + ": '" + key + "' must be a number, got " + v.dump());
+    *out = v.get<double>();
+    return Status::Ok();
+  }
+  Status get_optional_double(const char* key, std::optional<double>* out) const {
+    if (!has(key)) return Status::Ok();
+    double v = 0;
+    DS_RETURN_IF_ERROR(get_double(key, &v, true));
+    *out = v;
+    return Status::Ok();
+  }
+  Status get_bool(const char* key, bool* out) const {
+    if (!has(key)) return Status::Ok();
+    const auto& v = j_[key];
+    if (!v.is_boolean())
+      return corrupt(source_ + ": '" + key + "' must be true or false, got " + v.dump());
+    *out = v.get<bool>();
+    return Status::Ok();
+  }
+  Status get_string(const char* key, std::string* out) const {
+    if (!has(key)) return Status::Ok();
+    const auto& v = j_[key];
+    if (!v.is_string())
+      return corrupt(source_ + ": '" + key + "' must be a string, got " + v.dump());
+    *out = v.get<std::string>();
+    return Status::Ok();
+  }
+  // An int or a list of ints (eos_token_id may be either).
+  Status get_id_list(const char* key, std::vector<int32_t>* out) const {
+    if (!has(key)) return Status::Ok();
+    const auto& v = j_[key];
+    std::vector<int32_t> ids;
+    if (v.is_number_integer()) {
+      ids.push_back(v.get<int32_t>());
+    } else if (v.is_array()) {
+      for (const auto& e : v) {
+        if (!e.is_number_integer()) return corrupt(source_ + ": '" + key + "' must hold integers");
+        ids.push_back(e.get<int32_t>());
+      }
+    } else {
+      return corrupt(source_ + ": '" + key + "' must be an integer or a list, got " + v.dump());
+    }
+    *out = std::move(ids);
+    return Status::Ok();
+  }
+
+ private:
+  Status missing(const char* key) const {
+    return corrupt(source_ + ": required field '" + key + "' is missing");
+  }
+  const nlohmann::json& j_;
+  const std::string& source_;
+};
+
+// Reads transformers' RoPE parameters. transformers 5 saves them as
+// `rope_parameters` (with rope_theta inside); older files have `rope_scaling` and a
+// top-level `rope_theta`. Either way the result is what transformers'
+// standardize_rope_params() would produce.
+Status parse_hf_rope(const nlohmann::json& config, const std::string& source, int64_t max_pos,
+                     int head_dim, RopeConfig* rope) {
+  JsonReader top(config, source);
+  nlohmann::json params = nlohmann::json::object();
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!top.has(key)) continue;
+    if (!config[key].is_object()) return corrupt(source + ": '" + key + "' must be an object");
+    for (const auto& [k, v] : config[key].items()) params[k] = v;
+  }
+  const std::string rope_source = source + " rope_parameters";
+  JsonReader r(params, rope_source);
+
+  rope->theta = 10000.0;
+  DS_RETURN_IF_ERROR(top.get_double("rope_theta", &rope->theta, false));
+  DS_RETURN_IF_ERROR(r.get_double("rope_theta", &rope->theta, false));
+  double partial = 1.0;
+  DS_RETURN_IF_ERROR(top.get_double("partial_rotary_factor", &partial, false));
+  DS_RETURN_IF_ERROR(r.get_double("partial_rotary_factor", &partial, false));
+  rope->rotary_dim = static_cast<int>(head_dim * partial);
+
+  std::string type = "default";
+  DS_RETURN_IF_ERROR(r.get_string("type", &type));
+  DS_RETURN_IF_ERROR(r.get_string("rope_type", &type));
+  if (type == "default") {
+    rope->type = RopeScalingType::kDefault;
+  } else if (type == "linear") {
+    rope->type = RopeScalingType::kLinear;
+  } else if (type == "llama3") {
+    rope->type = RopeScalingType::kLlama3;
+  } else if (type == "yarn") {
+    rope->type = RopeScalingType::kYarn;
+  } else {
+    return unimplemented(source + ": unsupported rope_type '" + type +
+                         "' (supported: default, linear, llama3, yarn)");
+  }
+  if (rope->type == RopeScalingType::kDefault) return Status::Ok();
+
+  const bool yarn = rope->type == RopeScalingType::kYarn;
+  // yarn may omit factor: transformers then uses max_position / original_max_position.
+  DS_RETURN_IF_ERROR(r.get_double("factor", &rope->factor, !yarn));
+  if (rope->type == RopeScalingType::kLinear) return Status::Ok();
+
+  // Pre-training context: a top-level original_max_position_embeddings wins (as in
+  // transformers), then the one inside the rope parameters, then max_position.
+  rope->original_max_position_embeddings = max_pos;
+  DS_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings",
+                               &rope->original_max_position_embeddings, false));
+  DS_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings",
+                                 &rope->original_max_position_embeddings, false));
+  if (rope->type == RopeScalingType::kLlama3) {
+    DS_RETURN_IF_ERROR(r.get_double("low_freq_factor", &rope->low_freq_factor, true));
+    DS_RETURN_IF_ERROR(r.get_double("high_freq_factor", &rope->high_freq_factor, true));
+    return Status::Ok();
+  }
+  if (!r.has("factor")) {
+    rope->factor =
+        static_cast<double>(max_pos) / static_cast<double>(rope->original_max_position_embeddings);
+  }
+  // transformers: `beta_fast or 32`, so 0 also means the default.
+  double beta_fast = 0, beta_slow = 0;
+  DS_RETURN_IF_ERROR(r.get_double("beta_fast", &beta_fast, false));
+  DS_RETURN_IF_ERROR(r.get_double("beta_slow", &beta_slow, false));
+  rope->beta_fast = beta_fast != 0 ? beta_fast : 32.0;
+  rope->beta_slow = beta_slow != 0 ? beta_slow : 1.0;
+  DS_RETURN_IF_ERROR(r.get_optional_double("mscale", &rope->mscale));
+  DS_RETURN_IF_ERROR(r.get_optional_double("mscale_all_dim", &rope->mscale_all_dim));
+  DS_RETURN_IF_ERROR(r.get_optional_double("attention_factor", &rope->attention_factor));
+  DS_RETURN_IF_ERROR(r.get_bool("truncate", &rope->truncate));
+  return Status::Ok();
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<ModelConfig> ModelConfig::from_hf_json(const nlohmann::json& config,
+                                              const nlohmann::json* generation_config,
+                                              std::string source) {
+  if (!config.is_object()) return corrupt(source + ": not a JSON object");
+  JsonReader r(config, source);
+  ModelConfig c;
+  c.source = source;
+
+  std::string arch_name;
+  if (r.has("architectures")) {
+    const auto& a = config["architectures"];
+    if (!a.is_array() || a.empty() || !a[0].is_string()) {
+      return corrupt(source + ": 'architectures' must be a non-empty list of names");
+    }
+    arch_name = a[0].get<std::string>();
+  } else {
+    std::string model_type;
+    DS_RETURN_IF_ERROR(r.get_string("model_type", &model_type));
+    if (model_type == "llama")
+      arch_name = "LlamaForCausalLM";
+    else if (model_type == "qwen2")
+      arch_name = "Qwen2ForCausalLM";
+    else
+      arch_name = model_type.empty() ? "(none given)" : "model_type " + model_type;
+  }
+  if (arch_name == "LlamaForCausalLM") {
+    c.arch = Architecture::kLlama;
+  } else if (arch_name == "Qwen2ForCausalLM") {
+    c.arch = Architecture::kQwen2;
+  } else {
+    return unimplemented(source + ": unsupported architecture '" + arch_name +
+                         "' (supported: " + std::string(kSupportedHf) + ")");
+  }
+
+  DS_RETURN_IF_ERROR(r.get_int("vocab_size", &c.vocab_size, true));
+  DS_RETURN_IF_ERROR(r.get_int("hidden_size", &c.hidden_size, true));
+  DS_RETURN_IF_ERROR(r.get_int("intermediate_size", &c.intermediate_size, true));
+  DS_RETURN_IF_ERROR(r.get_int("num_hidden_layers", &c.n_layers, true));
+  DS_RETURN_IF_ERROR(r.get_int("num_attention_heads", &c.n_heads, true));
+  c.n_kv_heads = c.n_heads;
+  DS_RETURN_IF_ERROR(r.get_int("num_key_value_heads", &c.n_kv_heads, false));
+  if (c.n_heads <= 0) return corrupt(source + ": num_attention_heads must be positive");
+  c.head_dim = static_cast<int>(c.hidden_size / c.n_heads);
+  DS_RETURN_IF_ERROR(r.get_int("head_dim", &c.head_dim, false));
+  double eps = 1e-6;
+  DS_RETURN_IF_ERROR(r.get_double("rms_norm_eps", &eps, false));
+  c.rms_norm_eps = static_cast<float>(eps);
+  c.max_position_embeddings = c.arch == Architecture::kQwen2 ? 32768 : 2048;
+  DS_RETURN_IF_ERROR(r.get_int("max_position_embeddings", &c.max_position_embeddings, false));
+  DS_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &c.tie_word_embeddings));
+
+  std::string act = "silu";
+  DS_RETURN_IF_ERROR(r.get_string("hidden_act", &act));
+  if (act != "silu") return unimplemented(source + ": unsupported hidden_act '" + act + "'");
+  if (c.arch == Architecture::kQwen2) {
+    c.qkv_bias = true;
+    bool sliding = false;
+    DS_RETURN_IF_ERROR(r.get_bool("use_sliding_window", &sliding));
+    if (sliding) return unimplemented(source + ": use_sliding_window is not supported");
+  } else {
+    bool attention_bias = false;
+    DS_RETURN_IF_ERROR(r.get_bool("attention_bias", &attention_bias));
+    c.qkv_bias = c.o_bias = attention_bias;
+    DS_RETURN_IF_ERROR(r.get_bool("mlp_bias", &c.mlp_bias));
+    int64_t tp = 1;
+    DS_RETURN_IF_ERROR(r.get_int("pretraining_tp", &tp, false));
+  }
+  DS_RETURN_IF_ERROR(parse_hf_rope(config, source, c.max_position_embeddings, c.head_dim, &c.rope));
+
+  // Token ids: generation_config.json takes precedence, as in transformers' generate().
+  int64_t bos = -1;
+  DS_RETURN_IF_ERROR(r.get_int("bos_token_id", &bos, false));
+  DS_RETURN_IF_ERROR(r.get_id_list("eos_token_id", &c.eos_ids));
+  if (generation_config && generation_config->is_object()) {
+    JsonReader g(*generation_config, "generation_config.json");
+    DS_RETURN_IF_ERROR(g.get_int("bos_token_id", &bos, false));
+    DS_RETURN_IF_ERROR(g.get_id_list("eos_token_id", &c.eos_ids));
+  }
+  c.bos_id = static_cast<int32_t>(bos);
+
+  DS_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+Result<ModelConfig> ModelConfig::from_gguf(const GgufMetadata& md, bool has_output_weight) {
+  ModelConfig c;
+  c.source = md.source + " metadata";
+  DS_ASSIGN_OR_RETURN(std::string arch, md.get_string("general.architecture"));
+  if (arch == "llama") {
+    c.arch = Architecture::kLlama;
+  } else if (arch == "qwen2") {
+    c.arch = Architecture::kQwen2;
+    c.qkv_bias = true;
+  } else {
+    return unimplemented(md.source + ": unsupported architecture '" + arch +
+                         "' (supported: llama, qwen2)");
+  }
+  const std::string p = arch + ".";
+  auto get_int = [&](const std::string& key, auto* out) -> Status {
+    Result<int64_t> v = md.get_int(p + key);
+    if (!v.ok()) return v.status();
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(*v);
+    return Status::Ok();
+  };
+  DS_RETURN_IF_ERROR(get_int("block_count", &c.n_layers));
+  DS_RETURN_IF_ERROR(get_int("embedding_length", &c.hidden_size));
+  DS_RETURN_IF_ERROR(get_int("feed_forward_length", &c.intermediate_size));
+  DS_RETURN_IF_ERROR(get_int("attention.head_count", &c.n_heads));
+  c.n_kv_heads = c.n_heads;
+  if (md.contains(p + "attention.head_count_kv")) {
+    DS_RETURN_IF_ERROR(get_int("attention.head_count_kv", &c.n_kv_heads));
+  }
+  DS_RETURN_IF_ERROR(get_int("context_length", &c.max_position_embeddings));
+  if (c.n_heads <= 0) return corrupt(c.source + ": attention.head_count must be positive");
+  c.head_dim = static_cast<int>(c.hidden_size / c.n_heads);
+  if (md.contains(p + "attention.key_length")) {
+    DS_RETURN_IF_ERROR(get_int("attention.key_length", &c.head_dim));
+  }
+  DS_ASSIGN_OR_RETURN(double eps, md.get_float(p + "attention.layer_norm_rms_epsilon"));
+  c.rms_norm_eps = static_cast<float>(eps);
+
+  if (md.contains(p + "vocab_size")) {
+    DS_RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size));
+  } else {
+    DS_ASSIGN_OR_RETURN(const std::vector<std::string>* tokens,
+                        md.get_string_array("tokenizer.ggml.tokens"));
+    c.vocab_size = static_cast<int64_t>(tokens->size());
+  }
+
+  RopeConfig& rope = c.rope;
+  if (md.contains(p + "rope.freq_base")) {
+    DS_ASSIGN_OR_RETURN(rope.theta, md.get_float(p + "rope.freq_base"));
+  }
+  rope.rotary_dim = c.head_dim;
+  if (md.contains(p + "rope.dimension_count")) {
+    DS_RETURN_IF_ERROR(get_int("rope.dimension_count", &rope.rotary_dim));
+  }
+  std::string scaling = "none";
+  if (md.contains(p + "rope.scaling.type")) {
+    DS_ASSIGN_OR_RETURN(scaling, md.get_string(p + "rope.scaling.type"));
+  }
+  if (scaling == "linear" || scaling == "yarn") {
+    rope.type = scaling == "linear" ? RopeScalingType::kLinear : RopeScalingType::kYarn;
+    DS_ASSIGN_OR_RETURN(rope.factor, md.get_float(p + "rope.scaling.factor"));
+    rope.original_max_position_embeddings = c.max_position_embeddings;
+    if (md.contains(p + "rope.scaling.original_context_length")) {
+      DS_RETURN_IF_ERROR(
+          get_int("rope.scaling.original_context_length", &rope.original_max_position_embeddings));
+    }
+    if (md.contains(p + "rope.scaling.yarn_beta_fast")) {
+      DS_ASSIGN_OR_RETURN(rope.beta_fast, md.get_float(p + "rope.scaling.yarn_beta_fast"));
+    }
+    if (md.contains(p + "rope.scaling.yarn_beta_slow")) {
+      DS_ASSIGN_OR_RETURN(rope.beta_slow, md.get_float(p + "rope.scaling.yarn_beta_slow"));
+    }
+  } else if (scaling != "none") {
+    return unimplemented(md.source + ": unsupported rope.scaling.type '" + scaling + "'");
+  }
+  // (llama3-style scaling in GGUF files is stored as a rope_freqs tensor, not metadata;
+  // LlamaModel applies it when present.)
+
+  c.tie_word_embeddings = !has_output_weight;
+  if (md.contains("tokenizer.ggml.bos_token_id")) {
+    DS_ASSIGN_OR_RETURN(int64_t bos, md.get_int("tokenizer.ggml.bos_token_id"));
+    c.bos_id = static_cast<int32_t>(bos);
+  }
+  if (md.contains("tokenizer.ggml.eos_token_id")) {
+    DS_ASSIGN_OR_RETURN(int64_t eos, md.get_int("tokenizer.ggml.eos_token_id"));
+    c.eos_ids.push_back(static_cast<int32_t>(eos));
+  }
+  if (md.contains("tokenizer.ggml.eot_token_id")) {
+    DS_ASSIGN_OR_RETURN(int64_t eot, md.get_int("tokenizer.ggml.eot_token_id"));
+    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), eot) == c.eos_ids.end()) {
+      c.eos_ids.push_back(static_cast<int32_t>(eot));
+    }
+  }
+  DS_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+Result<ModelConfig> ModelConfig::from_model_files(const ModelFiles& files) {
+  switch (files.format()) {
+    case ModelFormat::kHuggingFace: {
+      const nlohmann::json* config = files.hf_config();
+      if (!config) return not_found(files.path() + ": config.json is missing");
+      return from_hf_json(*config, files.generation_config(), files.path() + "/config.json");
+    }
+    case ModelFormat::kGguf: {
+      const GgufMetadata* md = files.gguf_metadata();
+      if (!md) return internal_error(files.path() + ": GGUF file without metadata");
+      return from_gguf(*md, files.find("lm_head.weight") != nullptr);
+    }
+  }
+  return internal_error("unknown model format");
+}
+
+Status ModelConfig::validate() const {
+  auto bad = [&](const std::string& what) { return corrupt(source + ": " + what); };
+  if (vocab_size <= 0) return bad("vocab_size must be positive");
+  if (hidden_size <= 0) return bad("hidden_size must be positive");
+  if (intermediate_size <= 0) return bad("intermediate_size must be positive");
+  if (n_layers <= 0) return bad("num_hidden_layers must be positive");
+  if (n_heads <= 0 || n_kv_heads <= 0) return bad("head counts must be positive");
+  if (n_heads % n_kv_heads != 0) {
+    return bad("num_attention_heads (" + std::to_string(n_heads) +
+               ") is not a multiple of num_key_value_heads (" + std::to_string(n_kv_heads) + ")");
+  }
+  if (head_dim <= 0 || head_dim % 2 != 0) return bad("head_dim must be positive and even");
+  if (rope.rotary_dim <= 0 || rope.rotary_dim > head_dim || rope.rotary_dim % 2 != 0) {
+    return bad("rotary dimension " + std::to_string(rope.rotary_dim) +
+               " must be even and at most head_dim " + std::to_string(head_dim));
+  }
+  if (!(rms_norm_eps > 0)) return bad("rms_norm_eps must be positive");
+  if (max_position_embeddings <= 0) return bad("max_position_embeddings must be positive");
+  if (!(rope.theta > 0)) return bad("rope_theta must be positive");
+  if (rope.type != RopeScalingType::kDefault && !(rope.factor > 0)) {
+    return bad("rope scaling factor must be positive");
+  }
+  if ((rope.type == RopeScalingType::kLlama3 || rope.type == RopeScalingType::kYarn) &&
+      rope.original_max_position_embeddings <= 0) {
+    return bad("original_max_position_embeddings must be positive");
+  }
+  if (rope.type == RopeScalingType::kLlama3 && rope.high_freq_factor == rope.low_freq_factor) {
+    return bad("llama3 rope: high_freq_factor must differ from low_freq_factor");
+  }
+  for (int32_t id : eos_ids) {
+    if (id < 0 || id >= vocab_size)
+      return bad("eos_token_id " + std::to_string(id) + " outside the vocabulary");
+  }
+  return Status::Ok();
+}
+
+std::string ModelConfig::summary() const {
+  std::ostringstream s;
+  s << architecture_name(arch) << ": " << n_layers << " layers, hidden " << hidden_size << ", ffn "
+    << intermediate_size << ", heads " << n_heads << "/" << n_kv_heads << " x " << head_dim
+    << ", vocab " << vocab_size << ", rope " << rope_scaling_name(rope.type) << " theta "
+    << rope.theta << (tie_word_embeddings ? ", tied embeddings" : "")
+    << (qkv_bias ? ", qkv bias" : "") << ", eos [" << join_ids(eos_ids) << "]";
+  return s.str();
+}
+
+}  // namespace dserve

@@ -1,0 +1,180 @@
+// DeepseekModel: DeepSeek-V2 / V2-Lite / V2.5 and DeepSeek-V3 / R1. The decoder is
+// token embedding -> n_layers x [RMSNorm, Multi-head Latent Attention, residual,
+// RMSNorm, dense SwiGLU MLP or DeepSeekMoE, residual] -> RMSNorm -> lm_head.
+//
+// MLA (per layer):
+//   q       = q_b_proj(rms_norm(q_a_proj(x)))  or  q_proj(x)      [n, H, nope + rope]
+//   [c, kp] = kv_a_proj_with_mqa(x); c = kv_a_layernorm(c)         c [n, r], kp [n, rope]
+//   q_pe, kp rotated by RoPE (interleaved pairs); [c | kp] goes to the MlaKvCache.
+//   kv_b_proj [H * (nope + v), r] holds per head W_UK [nope, r] and W_UV [v, r].
+// Two ways to attend, numerically the same:
+//   expanded (prefill): k_h = [W_UK_h c | kp], v_h = W_UV_h c for every cached
+//     position, then ordinary attention;
+//   absorbed (decode):  q'_h = [W_UK_hᵀ q_nope_h | q_pe_h] attends directly over the
+//     cached rows [c | kp] (one shared KV head of width r + rope), and the result's
+//     first r values go through W_UV_h. Nothing per head is ever cached.
+// The softmax scale is qk_head_dim^-0.5 times YaRN's mscale(mscale_all_dim)^2.
+//
+// DeepSeekMoE (layers >= first_k_dense_replace, every moe_layer_freq-th): a router
+// scores the experts (softmax or sigmoid), picks num_experts_per_tok of them
+// (greedy, group_limited_greedy or noaux_tc with e_score_correction_bias), optionally
+// renormalises and scales by routed_scaling_factor; shared experts see every token.
+// The batch's tokens are grouped by expert and each expert that received tokens runs
+// once over them; experts with no tokens are not touched (see moe_stats()).
+//
+// Weights: per-expert tensors as DeepSeek and transformers write them
+// (mlp.experts.E.gate_proj.weight) or stacked 3-D ones (mlp.experts.gate_proj.weight
+// [E, ...], from GGUF). FP8 (float8_e4m3fn with weight_scale_inv per 128 x 128
+// block) is converted once at load to BF16 in owned buffers.
+// MTP layers (num_nextn_predict_layers, stored as layers n_layers...) stay in the
+// files untouched: loaded, not run.
+//
+// Thread-safety: forward() uses internal scratch buffers; drive one model from one
+// thread. The weights are shared read-only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "base/status.h"
+#include "loader/model_files.h"
+#include "model/deepseek_config.h"
+#include "model/llama_model.h"  // LogitsFor
+#include "model/mla_kv_cache.h"
+#include "model/rope.h"
+
+namespace dserve {
+
+// Which MLA formulation forward() uses.
+enum class MlaPath {
+  kAuto,      // expanded for batches of several tokens, absorbed for single-token decode
+  kExpanded,  // always expand the latents into per-head keys and values
+  kAbsorbed,  // always attend in the latent space
+};
+
+// Counters of routed-expert work since load (or reset_moe_stats()).
+struct MoeStats {
+  int64_t routed_slots = 0;  // token x chosen-expert pairs the routers produced
+  int64_t expert_runs = 0;   // (layer, expert) pairs computed: each expert once per batch
+  int64_t expert_rows = 0;   // token rows those runs processed (== routed_slots)
+  int64_t expert_idle = 0;   // (layer, expert) pairs skipped because no token chose them
+};
+
+class DeepseekModel {
+ public:
+  // Takes ownership of the files. The backend must outlive the model. max_context:
+  // the longest sequence forward() will see; 0 means max_position_embeddings.
+  static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<ModelFiles> files, Backend& backend,
+                                                     int64_t max_context = 0, MlaPath path = MlaPath::kAuto);
+  ~DeepseekModel();
+  DeepseekModel(const DeepseekModel&) = delete;
+  DeepseekModel& operator=(const DeepseekModel&) = delete;
+
+  const DeepseekConfig& config() const { return config_; }
+  const ModelFiles& files() const { return *files_; }
+  int64_t max_context() const { return max_context_; }
+  // Bytes of weights one decode step reads: attention, dense MLPs, shared experts,
+  // routers and num_experts_per_tok routed experts per MoE layer, final norm, lm_head.
+  size_t active_weight_bytes_per_token() const;
+
+  std::unique_ptr<MlaKvCache> new_kv_cache() const;
+
+  // As LlamaModel::forward: tokens[n] at positions kv.n_tokens() ... continue the
+  // sequence in `kv`; logits [n_out, vocab_size] for the last or every token.
+  Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, MlaKvCache& kv,
+                 LogitsFor which, std::vector<float>* logits);
+
+  const MoeStats& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats() { moe_stats_ = {}; }
+
+ private:
+  struct Mlp {  // SwiGLU: down(silu(gate x) * up x)
+    const TensorView* gate = nullptr;  // [inter, hidden]
+    const TensorView* up = nullptr;    // [inter, hidden]
+    const TensorView* down = nullptr;  // [hidden, inter]
+  };
+  struct LayerWeights {
+    const TensorView* attn_norm = nullptr;  // [hidden]
+    const TensorView* q_proj = nullptr;     // [H * qk, hidden]      (q_lora_rank == 0)
+    const TensorView* q_a = nullptr;        // [q_lora, hidden]
+    const TensorView* q_a_norm = nullptr;   // [q_lora]
+    const TensorView* q_b = nullptr;        // [H * qk, q_lora]
+    const TensorView* kv_a = nullptr;       // [r + rope, hidden]
+    const TensorView* kv_a_norm = nullptr;  // [r]
+    const TensorView* kv_b = nullptr;       // [H * (nope + v), r]   (null: split-only GGUF)
+    std::vector<TensorView> w_uk_t;         // per head [r, nope]: maps q_nope to latent space
+    std::vector<TensorView> w_uv;           // per head [v, r]
+    const TensorView* o_proj = nullptr;     // [hidden, H * v]
+    const TensorView* ffn_norm = nullptr;   // [hidden]
+    bool moe = false;
+    Mlp dense;                              // !moe
+    const TensorView* router = nullptr;     // [E, hidden]           (moe)
+    const TensorView* router_bias = nullptr;  // [E] e_score_correction_bias or null
+    std::vector<Mlp> experts;               // [E]                   (moe)
+    Mlp shared;                             // n_shared_experts > 0  (moe)
+  };
+  struct Scratch {
+    std::vector<float> x, xb;      // [n, hidden]
+    std::vector<float> qa;         // [n, q_lora]
+    std::vector<float> q;          // [n, H, qk]
+    std::vector<float> kva;        // [n, r + rope]
+    std::vector<float> att;        // [n, H * v]
+    std::vector<float> c_all;      // [n_kv, r]              expanded
+    std::vector<float> kvb;        // [n_kv, H * (nope + v)] expanded
+    std::vector<float> k, v;       // [n_kv, H, qk], [n_kv, H, v] expanded
+    std::vector<float> q_abs;      // [n, H, r + rope]       absorbed
+    std::vector<float> out_lat;    // [n, H, r + rope]       absorbed
+    std::vector<float> tmp_in, tmp_out;  // per-head gathers
+    std::vector<float> gate, up;   // [rows, inter]
+    std::vector<float> moe_out;    // [n, hidden]
+    std::vector<float> expert_in, expert_out;  // [rows, hidden]
+    std::vector<float> router;     // [n, E]
+  };
+  struct OwnedTensor;
+
+  DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend, DeepseekConfig config);
+  Status bind_weights();
+  // The tensor `name` with the expected shape, converted from FP8 if needed; null and
+  // OK when absent and not required.
+  Status bind(const std::string& name, const std::vector<int64_t>& expected, bool required, bool float_only,
+              const TensorView** out);
+  Status bind_mlp(const std::string& prefix, int64_t inter, Mlp* out);
+  Status bind_experts(int layer, LayerWeights* w);
+  Status build_absorbed(int layer, LayerWeights* w);
+  const TensorView* own(TensorView view, std::vector<uint8_t> bytes);
+
+  void attention(int layer, int64_t n, std::span<const int32_t> positions, MlaKvCache& kv, bool absorbed);
+  void attend_expanded(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
+                       std::span<const int32_t> positions);
+  void attend_absorbed(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
+                       std::span<const int32_t> positions);
+  // out[rows, hidden] = mlp(in[rows, hidden]).
+  void run_mlp(const Mlp& mlp, int64_t inter, const float* in, int64_t rows, float* out);
+  // s.xb[n, hidden] -> s.moe_out[n, hidden] (routed + shared experts).
+  void run_moe(const LayerWeights& w, int64_t n);
+  // Router: for each token, n_experts_per_tok (expert, weight) pairs.
+  void route(const LayerWeights& w, int64_t n, std::vector<int32_t>* ids, std::vector<float>* weights);
+
+  std::unique_ptr<ModelFiles> files_;
+  Backend& backend_;
+  const DeepseekConfig config_;
+  int64_t max_context_ = 0;
+  MlaPath path_ = MlaPath::kAuto;
+  bool can_expand_ = true;
+  std::unique_ptr<RopeCache> rope_;
+
+  const TensorView* embed_ = nullptr;       // [vocab, hidden]
+  const TensorView* final_norm_ = nullptr;  // [hidden]
+  const TensorView* lm_head_ = nullptr;     // [vocab, hidden]
+  std::vector<LayerWeights> layers_;
+  std::vector<std::unique_ptr<OwnedTensor>> owned_;  // converted FP8 weights, W_UKᵀ
+
+  Scratch scratch_;
+  MoeStats moe_stats_;
+};
+
+}  // namespace dserve

@@ -1,0 +1,224 @@
+#include "model/llama_model.h"
+
+#include <cmath>
+#include <string>
+
+#include "base/check.h"
+#include "base/log.h"
+
+namespace dserve {
+namespace {
+
+bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+}  // namespace
+
+LlamaModel::LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config)
+    : files_(std::move(files)), backend_(backend), config_(std::move(config)) {}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::unique_ptr<ModelFiles> files,
+                                                     Backend& backend, int64_t max_context) {
+  DS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::from_model_files(*files));
+  if (max_context < 0) return invalid_argument("context length must not be negative");
+  if (max_context == 0) max_context = config.max_position_embeddings;
+  std::unique_ptr<LlamaModel> model(new LlamaModel(std::move(files), backend, std::move(config)));
+  model->max_context_ = max_context;
+  model->rope_pairs_interleaved_ = model->files_->rope_pairs_interleaved();
+  DS_RETURN_IF_ERROR(model->bind_weights());
+  DS_LOG_INFO("{}", model->config_.summary());
+  return model;
+}
+
+// Looks up every tensor the architecture needs and checks its shape against the
+// config, so that a mismatched checkpoint fails here, by name, and never inside a
+// kernel.
+Status LlamaModel::bind_weights() {
+  const ModelConfig& c = config_;
+  const ModelFiles& f = *files_;
+  auto bind = [&](const std::string& name, std::vector<int64_t> expected, bool required,
+                  bool float_only, const TensorView** out) -> Status {
+    const TensorView* t = f.find(name);
+    if (t == nullptr) {
+      if (!required) return Status::Ok();
+      return not_found(f.path() + ": tensor '" + name + "' is missing (required by " +
+                       std::string(architecture_name(c.arch)) + ")");
+    }
+    if (t->shape != expected) {
+      return corrupt(f.path() + ": tensor '" + name + "' has shape " + shape_to_string(t->shape) +
+                     " but " + c.source + " implies " + shape_to_string(expected));
+    }
+    if (float_only && !is_float_dtype(t->dtype)) {
+      return unimplemented(f.path() + ": tensor '" + name + "' has type " +
+                           std::string(dtype_name(t->dtype)) + "; expected f32, f16 or bf16");
+    }
+    *out = t;
+    return Status::Ok();
+  };
+
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  DS_RETURN_IF_ERROR(
+      bind("model.embed_tokens.weight", {c.vocab_size, hidden}, true, false, &embed_));
+  DS_RETURN_IF_ERROR(bind("model.norm.weight", {hidden}, true, true, &final_norm_));
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_;
+  } else {
+    DS_RETURN_IF_ERROR(bind("lm_head.weight", {c.vocab_size, hidden}, true, false, &lm_head_));
+  }
+
+  layers_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerWeights& w = layers_[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    DS_RETURN_IF_ERROR(bind(p + "input_layernorm.weight", {hidden}, true, true, &w.attn_norm));
+    DS_RETURN_IF_ERROR(
+        bind(p + "self_attn.q_proj.weight", {c.q_dim(), hidden}, true, false, &w.wq));
+    DS_RETURN_IF_ERROR(
+        bind(p + "self_attn.k_proj.weight", {c.kv_dim(), hidden}, true, false, &w.wk));
+    DS_RETURN_IF_ERROR(
+        bind(p + "self_attn.v_proj.weight", {c.kv_dim(), hidden}, true, false, &w.wv));
+    DS_RETURN_IF_ERROR(
+        bind(p + "self_attn.o_proj.weight", {hidden, c.q_dim()}, true, false, &w.wo));
+    DS_RETURN_IF_ERROR(bind(p + "self_attn.q_proj.bias", {c.q_dim()}, c.qkv_bias, true, &w.bq));
+    DS_RETURN_IF_ERROR(bind(p + "self_attn.k_proj.bias", {c.kv_dim()}, c.qkv_bias, true, &w.bk));
+    DS_RETURN_IF_ERROR(bind(p + "self_attn.v_proj.bias", {c.kv_dim()}, c.qkv_bias, true, &w.bv));
+    DS_RETURN_IF_ERROR(bind(p + "self_attn.o_proj.bias", {hidden}, c.o_bias, true, &w.bo));
+    DS_RETURN_IF_ERROR(
+        bind(p + "post_attention_layernorm.weight", {hidden}, true, true, &w.ffn_norm));
+    DS_RETURN_IF_ERROR(bind(p + "mlp.gate_proj.weight", {inter, hidden}, true, false, &w.w_gate));
+    DS_RETURN_IF_ERROR(bind(p + "mlp.up_proj.weight", {inter, hidden}, true, false, &w.w_up));
+    DS_RETURN_IF_ERROR(bind(p + "mlp.down_proj.weight", {hidden, inter}, true, false, &w.w_down));
+    DS_RETURN_IF_ERROR(bind(p + "mlp.gate_proj.bias", {inter}, c.mlp_bias, true, &w.b_gate));
+    DS_RETURN_IF_ERROR(bind(p + "mlp.up_proj.bias", {inter}, c.mlp_bias, true, &w.b_up));
+    DS_RETURN_IF_ERROR(bind(p + "mlp.down_proj.bias", {hidden}, c.mlp_bias, true, &w.b_down));
+  }
+
+  // GGUF files store llama3-style frequency scaling as per-pair divisors.
+  std::vector<float> freq_factors;
+  const TensorView* rope_freqs = nullptr;
+  DS_RETURN_IF_ERROR(bind("rope_freqs.weight", {c.rope.rotary_dim / 2}, false, true, &rope_freqs));
+  if (rope_freqs != nullptr) {
+    if (rope_freqs->dtype != DType::kF32) {
+      return unimplemented(f.path() + ": tensor 'rope_freqs.weight' must be f32");
+    }
+    const float* data = static_cast<const float*>(rope_freqs->data);
+    freq_factors.assign(data, data + rope_freqs->n_elements());
+  }
+  rope_ = std::make_unique<RopeCache>(c.rope, max_context_, freq_factors);
+  return Status::Ok();
+}
+
+size_t LlamaModel::weight_bytes_per_token() const {
+  size_t bytes = lm_head_->n_bytes + final_norm_->n_bytes;
+  for (const LayerWeights& w : layers_) {
+    for (const TensorView* t :
+         {w.attn_norm, w.wq, w.wk, w.wv, w.wo, w.bq, w.bk, w.bv, w.bo, w.ffn_norm, w.w_gate, w.w_up,
+          w.w_down, w.b_gate, w.b_up, w.b_down}) {
+      if (t) bytes += t->n_bytes;
+    }
+  }
+  return bytes;
+}
+
+std::unique_ptr<KvCache> LlamaModel::new_kv_cache() const {
+  return std::make_unique<KvCache>(config_, max_context_);
+}
+
+void LlamaModel::attend(int layer, const float* q, const float* k, const float* v,
+                        std::span<const int32_t> positions, KvCache& kv, float* out) {
+  kv.store(layer, positions, k, v);
+  const int64_t n_kv = static_cast<int64_t>(positions.back()) + 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  backend_.attention(q, kv.k(layer), kv.v(layer), out, static_cast<int64_t>(positions.size()),
+                     positions.data(), n_kv, config_.n_heads, config_.n_kv_heads, config_.head_dim,
+                     config_.head_dim, scale);
+}
+
+Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                           KvCache& kv, LogitsFor which, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return invalid_argument("forward: empty batch");
+  if (positions.size() != tokens.size()) {
+    return invalid_argument("forward: " + std::to_string(tokens.size()) + " tokens but " +
+                            std::to_string(positions.size()) + " positions");
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
+      return invalid_argument("token id " + std::to_string(tokens[t]) +
+                              " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                              ")");
+    }
+    if (positions[t] != kv.n_tokens() + t) {
+      return invalid_argument("forward: positions must continue the sequence at " +
+                              std::to_string(kv.n_tokens()));
+    }
+  }
+  const int64_t end = kv.n_tokens() + n;
+  if (end > max_context_ || end > kv.capacity()) {
+    return invalid_argument("sequence of " + std::to_string(end) +
+                            " tokens exceeds the context of " +
+                            std::to_string(std::min(max_context_, kv.capacity())) + " tokens");
+  }
+
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  Scratch& s = scratch_;
+  s.x.resize(n * hidden);
+  s.xb.resize(n * hidden);
+  s.q.resize(n * q_dim);
+  s.k.resize(n * kv_dim);
+  s.v.resize(n * kv_dim);
+  s.att.resize(n * q_dim);
+  s.gate.resize(n * inter);
+  s.up.resize(n * inter);
+  const RopeTable& rope = rope_->table();
+
+  // x[n, hidden] = embedding rows of the tokens
+  backend_.get_rows(*embed_, tokens.data(), n, s.x.data());
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+
+    // --- attention block ---
+    // xb[n, hidden] = rms_norm(x)
+    backend_.rms_norm(s.x.data(), *w.attn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
+    // q[n, n_heads, head_dim], k and v [n, n_kv_heads, head_dim]
+    backend_.matmul(*w.wq, w.bq, s.xb.data(), n, s.q.data());
+    backend_.matmul(*w.wk, w.bk, s.xb.data(), n, s.k.data());
+    backend_.matmul(*w.wv, w.bv, s.xb.data(), n, s.v.data());
+    backend_.rope(s.q.data(), n, c.n_heads, c.head_dim, positions.data(), rope,
+                  rope_pairs_interleaved_);
+    backend_.rope(s.k.data(), n, c.n_kv_heads, c.head_dim, positions.data(), rope,
+                  rope_pairs_interleaved_);
+    // att[n, n_heads, head_dim] = softmax(q kᵀ / sqrt(head_dim)) v over positions 0..p
+    attend(l, s.q.data(), s.k.data(), s.v.data(), positions, kv, s.att.data());
+    // xb[n, hidden] = att · Woᵀ ; x += xb
+    backend_.matmul(*w.wo, w.bo, s.att.data(), n, s.xb.data());
+    backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
+
+    // --- SwiGLU MLP block ---
+    // xb[n, hidden] = rms_norm(x)
+    backend_.rms_norm(s.x.data(), *w.ffn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
+    // gate, up [n, intermediate]; gate = silu(gate) * up
+    backend_.matmul(*w.w_gate, w.b_gate, s.xb.data(), n, s.gate.data());
+    backend_.matmul(*w.w_up, w.b_up, s.xb.data(), n, s.up.data());
+    backend_.silu_mul(s.gate.data(), s.up.data(), n * inter, s.gate.data());
+    // xb[n, hidden] = gate · Wdownᵀ ; x += xb
+    backend_.matmul(*w.w_down, w.b_down, s.gate.data(), n, s.xb.data());
+    backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
+  }
+  kv.set_n_tokens(end);
+
+  // Only the rows whose logits were asked for go through the final norm and lm_head.
+  const int64_t first = which == LogitsFor::kLast ? n - 1 : 0;
+  const int64_t n_out = n - first;
+  // xb[n_out, hidden] = rms_norm(x[first:])
+  backend_.rms_norm(s.x.data() + first * hidden, *final_norm_, c.rms_norm_eps, n_out, hidden,
+                    s.xb.data());
+  // logits[n_out, vocab] = xb · lm_headᵀ
+  logits->resize(static_cast<size_t>(n_out * c.vocab_size));
+  backend_.matmul(*lm_head_, nullptr, s.xb.data(), n_out, logits->data());
+  return Status::Ok();
+}
+
+}  // namespace dserve

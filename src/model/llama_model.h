@@ -1,0 +1,118 @@
+// LlamaModel: the Llama decoder (LlamaForCausalLM) and its close relative Qwen2
+// (Qwen2ForCausalLM), which differs only in carrying q/k/v biases and in its config.
+// Both are: token embedding -> n_layers x [RMSNorm, GQA self-attention with RoPE,
+// residual, RMSNorm, SwiGLU MLP, residual] -> RMSNorm -> lm_head (tied or not).
+//
+// load() checks every tensor's shape against the config and fails with a message
+// naming the tensor, the expected and the actual shape. forward() runs a batch of
+// tokens of ONE sequence through the Backend, appending their keys and values to a
+// KvCache, and returns logits for the positions asked for.
+//
+// Thread-safety: forward() uses internal scratch buffers; drive one model from one
+// thread (the engine thread). The weights are shared read-only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "base/status.h"
+#include "loader/model_files.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/rope.h"
+
+namespace dserve {
+
+// Which rows of the batch forward() returns logits for.
+enum class LogitsFor {
+  kLast,  // the batch's last token only (generation)
+  kAll,   // every token of the batch (perplexity, scoring)
+};
+
+class LlamaModel {
+ public:
+  // Takes ownership of the files (the weights stay in their memory maps). The
+  // backend must outlive the model. max_context: the longest sequence forward() will
+  // see (sizes the RoPE table and new KV caches); 0 means max_position_embeddings.
+  static Result<std::unique_ptr<LlamaModel>> load(std::unique_ptr<ModelFiles> files,
+                                                  Backend& backend, int64_t max_context = 0);
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const ModelFiles& files() const { return *files_; }
+  int64_t max_context() const { return max_context_; }
+  // Bytes of weights one decode step reads (every matrix once, the embedding row aside).
+  size_t weight_bytes_per_token() const;
+
+  // A KV cache with room for max_context() positions.
+  std::unique_ptr<KvCache> new_kv_cache() const;
+
+  // Runs tokens[n] at positions[n] through the model. The sequence continues the one
+  // in `kv`: positions must be kv.n_tokens(), kv.n_tokens() + 1, ..., and below
+  // max_context() and kv.capacity(). Writes logits [n_out, vocab_size] into *logits,
+  // n_out = 1 (kLast) or n (kAll). InvalidArgument for bad tokens or positions.
+  Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, KvCache& kv,
+                 LogitsFor which, std::vector<float>* logits);
+
+ private:
+  struct LayerWeights {
+    const TensorView* attn_norm = nullptr;  // [hidden]
+    const TensorView* wq = nullptr;         // [n_heads * head_dim, hidden]
+    const TensorView* wk = nullptr;         // [n_kv_heads * head_dim, hidden]
+    const TensorView* wv = nullptr;         // [n_kv_heads * head_dim, hidden]
+    const TensorView* wo = nullptr;         // [hidden, n_heads * head_dim]
+    const TensorView* bq = nullptr;         // [n_heads * head_dim] or null
+    const TensorView* bk = nullptr;         // [n_kv_heads * head_dim] or null
+    const TensorView* bv = nullptr;         // [n_kv_heads * head_dim] or null
+    const TensorView* bo = nullptr;         // [hidden] or null
+    const TensorView* ffn_norm = nullptr;   // [hidden]
+    const TensorView* w_gate = nullptr;     // [intermediate, hidden]
+    const TensorView* w_up = nullptr;       // [intermediate, hidden]
+    const TensorView* w_down = nullptr;     // [hidden, intermediate]
+    const TensorView* b_gate = nullptr;     // [intermediate] or null
+    const TensorView* b_up = nullptr;       // [intermediate] or null
+    const TensorView* b_down = nullptr;     // [hidden] or null
+  };
+
+  // Activations for one batch, reused across calls (grown on demand).
+  struct Scratch {
+    std::vector<float> x;     // [n, hidden]       the residual stream
+    std::vector<float> xb;    // [n, hidden]       normed input / block output
+    std::vector<float> q;     // [n, n_heads * head_dim]
+    std::vector<float> k;     // [n, n_kv_heads * head_dim]
+    std::vector<float> v;     // [n, n_kv_heads * head_dim]
+    std::vector<float> att;   // [n, n_heads * head_dim]
+    std::vector<float> gate;  // [n, intermediate]
+    std::vector<float> up;    // [n, intermediate]
+  };
+
+  LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config);
+  Status bind_weights();
+
+  // The attention seam: stores this batch's keys and values for `layer` and attends
+  // q over every position so far. The only code that knows the KV layout.
+  //   q   [n, n_heads * head_dim] (rotated)   k, v [n, n_kv_heads * head_dim] (k rotated)
+  //   out [n, n_heads * head_dim]
+  void attend(int layer, const float* q, const float* k, const float* v,
+              std::span<const int32_t> positions, KvCache& kv, float* out);
+
+  std::unique_ptr<ModelFiles> files_;
+  Backend& backend_;
+  const ModelConfig config_;
+  int64_t max_context_ = 0;
+  bool rope_pairs_interleaved_ = false;
+  std::unique_ptr<RopeCache> rope_;
+
+  const TensorView* embed_ = nullptr;       // [vocab, hidden]
+  const TensorView* final_norm_ = nullptr;  // [hidden]
+  const TensorView* lm_head_ = nullptr;     // [vocab, hidden] (the embedding when tied)
+  std::vector<LayerWeights> layers_;
+
+  Scratch scratch_;
+};
+
+}  // namespace dserve

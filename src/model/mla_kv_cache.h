@@ -1,0 +1,51 @@
+// MlaKvCache: the KV cache of ONE sequence for Multi-head Latent Attention. Per layer
+// and position it keeps only what MLA needs to rebuild every head's key and value:
+// the compressed latent c_kv (kv_lora_rank values, after kv_a_layernorm) and the
+// shared RoPE key k_pe (qk_rope_head_dim values, already rotated), in FP32:
+//   layer l: latent(l)[capacity, kv_lora_rank + qk_rope_head_dim], row p = position p,
+//            laid out [c_kv | k_pe].
+// For DeepSeek-V3 that is 512 + 64 = 576 floats per token and layer, against
+// 2 x 128 heads x 192 for the expanded keys and values.
+//
+// Memory comes from alloc_huge() (2 MiB aligned, transparent huge pages advised).
+//
+// Thread-safety: not thread-safe; owned by whoever drives the sequence.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/deepseek_config.h"
+
+namespace dserve {
+
+class MlaKvCache {
+ public:
+  MlaKvCache(const DeepseekConfig& config, int64_t capacity);
+  ~MlaKvCache();
+  MlaKvCache(const MlaKvCache&) = delete;
+  MlaKvCache& operator=(const MlaKvCache&) = delete;
+
+  int64_t capacity() const { return capacity_; }
+  // Positions [0, n_tokens()) hold valid latents.
+  int64_t n_tokens() const { return n_tokens_; }
+  void clear() { n_tokens_ = 0; }
+  void set_n_tokens(int64_t n) { n_tokens_ = n; }
+
+  int row_dim() const { return row_dim_; }  // kv_lora_rank + qk_rope_head_dim
+  float* latent(int layer) { return data_ + static_cast<int64_t>(layer) * capacity_ * row_dim_; }
+
+  // (kv_lora_rank + qk_rope_head_dim) x layers x sizeof(float).
+  size_t bytes_per_token() const { return static_cast<size_t>(n_layers_) * row_dim_ * sizeof(float); }
+  size_t total_bytes() const { return bytes_; }
+
+ private:
+  int n_layers_;
+  int row_dim_;
+  int64_t capacity_;
+  int64_t n_tokens_ = 0;
+  size_t bytes_;
+  float* data_;
+};
+
+}  // namespace dserve
