@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run
 
-torch = pytest.importorskip("torch")
+import torch
 from test_llama_reference import tiny_checkpoint  # noqa: E402
 
 

