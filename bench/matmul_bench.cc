@@ -1,0 +1,105 @@
+// Matmul micro-benchmarks at SmolLM2-135M shapes, per weight type, for decode
+// (1 token: reports the weight bandwidth, "bytes_per_second") and prefill (64 tokens:
+// also "GMAC/s").
+//
+// Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
+// DSERVE_BENCH_THREADS (default: all cores).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "tensor/dtype.h"
+#include "tensor/half.h"
+
+namespace dserve {
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t n_out, n_in;
+};
+constexpr Shape kShapes[] = {{"attn_576x576", 576, 576},
+                             {"ffn_up_1536x576", 1536, 576},
+                             {"ffn_down_576x1536", 576, 1536},
+                             {"vocab_49152x576", 49152, 576}};
+constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
+                            DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                            DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+Backend& backend() {
+  static std::unique_ptr<Backend> b = [] {
+    CpuBackendOptions options;
+    if (const char* isa = std::getenv("DSERVE_BENCH_ISA")) options.isa = isa;
+    if (const char* n = std::getenv("DSERVE_BENCH_THREADS")) options.n_threads = std::atoi(n);
+    return make_cpu_backend(options);
+  }();
+  return *b;
+}
+
+// Random bytes with every f16 value forced finite (scales of quantised blocks land
+// anywhere in a block, so simply clear the top exponent bit of every 16-bit word).
+std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k) {
+  std::vector<uint8_t> w(dtype_bytes(t, n * k));
+  std::mt19937 rng(42);
+  for (size_t i = 0; i + 1 < w.size(); i += 2) {
+    uint16_t v = static_cast<uint16_t>(rng()) & 0xbfffu;
+    if (t == DType::kF32 && (i / 2) % 2 == 1) v &= 0x3fffu;  // keep f32 exponents small
+    std::memcpy(w.data() + i, &v, 2);
+  }
+  return w;
+}
+
+void bm_matmul(benchmark::State& state, DType t, Shape shape, int64_t n_tokens) {
+  std::vector<uint8_t> bytes = random_weights(t, shape.n_out, shape.n_in);
+  TensorView w{t, {shape.n_out, shape.n_in}, bytes.data(), bytes.size()};
+  std::vector<float> x(n_tokens * shape.n_in), y(n_tokens * shape.n_out);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  for (auto& v : x) v = dist(rng);
+  Backend& b = backend();
+  for (auto _ : state) {
+    b.matmul(w, nullptr, x.data(), n_tokens, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes.size());
+  state.counters["GMAC/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * n_tokens * shape.n_out * shape.n_in * 1e-9,
+      benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(b.name()));
+}
+
+}  // namespace
+}  // namespace dserve
+
+int main(int argc, char** argv) {
+  using namespace dserve;
+  for (int64_t n_tokens : {1, 64}) {
+    for (DType t : kTypes) {
+      for (const Shape& s : kShapes) {
+        // K-quant rows are whole 256-blocks: only n_in = 1536 qualifies at these shapes.
+        if (s.n_in % dtype_info(t).block_size != 0) continue;
+        std::string name = std::string(n_tokens == 1 ? "decode/" : "prefill64/") +
+                           std::string(dtype_name(t)) + "/" + s.name;
+        benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, s, n_tokens)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime()
+            // On a shared machine the fastest repetition is the least disturbed one:
+            // run with --benchmark_repetitions=N and read the "_min" rows.
+            ->ComputeStatistics("min", [](const std::vector<double>& v) {
+              return *std::min_element(v.begin(), v.end());
+            }, benchmark::StatisticUnit::kTime);
+      }
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,56 @@
+// CpuBackend: the Backend on the host CPU. Owns the thread pool and per-thread
+// scratch memory; the arithmetic lives in the kernel table chosen once at
+// construction (kernels.h). Each op is split over the pool where that pays.
+//
+// Thread-safety: as Backend: one driving thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/scratch.h"
+#include "base/thread_pool.h"
+
+namespace dserve::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(CpuIsa isa, int n_threads, bool pin_threads);
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  std::string_view name() const override { return name_; }
+  CpuIsa isa() const { return kernels_.isa; }
+  int n_threads() const { return pool_.n_threads(); }
+
+  void matmul(const TensorView& w, const TensorView* bias, const float* x, int64_t n_tokens,
+              float* y) override;
+  void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
+                float* out) override;
+  void rms_norm(const float* x, const TensorView& weight, float eps, int64_t n_tokens,
+                int64_t n, float* out) override;
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void add_inplace(float* x, const float* y, int64_t n) override;
+  void rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const int32_t* positions,
+            const RopeTable& table, bool pairs_interleaved) override;
+  void attention(const float* q, const float* k, const float* v, float* out, int64_t n_tokens,
+                 const int32_t* positions, int64_t n_kv, int n_heads, int n_kv_heads,
+                 int head_dim, int v_dim, float scale) override;
+
+ private:
+  // A float copy of a small vector parameter (norm weight, bias) in any float dtype;
+  // F32 tensors are returned in place.
+  const float* as_f32(const TensorView& t, ScratchBuffer& buf);
+
+  const KernelTable& kernels_;
+  std::string name_;
+  ThreadPool pool_;
+  ScratchBuffer act_;                       // quantised activations of one matmul
+  ScratchBuffer param_;                     // float copies of norm weights / biases
+  std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
+};
+
+}  // namespace dserve::cpu

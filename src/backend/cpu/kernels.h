@@ -1,0 +1,107 @@
+// The CPU kernel table: the innermost loops of the CPU backend, one implementation
+// per instruction-set level (kernels_scalar.cc, kernels_avx2.cc, kernels_avx512.cc).
+// The backend picks a table once and calls through it; everything around the
+// kernels (threading, tiling, scratch memory) is shared ISA-independent code.
+//
+// Matmuls on quantised weights first quantise the activations to int8 once per call
+// (as llama.cpp does) so the inner products are integer dot products:
+//   ActFormat::kQ8x32   per-32 blocks, for Q8_0 / Q4_0 / Q4_1 weights
+//   ActFormat::kQ8x256  per-256 blocks with per-16 sums, for Q4_K / Q5_K / Q6_K
+// F32 / F16 / BF16 weights take the activations as they are (ActFormat::kF32) and
+// compute in FP32.
+//
+// Every level must quantise activations bit-identically (q = round-to-nearest-even of
+// x * (1 / d), d = max|x| / 127), so the levels differ only in float summation order.
+//
+// Thread-safety: pure functions on caller-owned memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cpu/cpu_isa.h"
+#include "tensor/dtype.h"
+
+namespace dserve::cpu {
+
+enum class ActFormat { kF32, kQ8x32, kQ8x256 };
+
+ActFormat act_format_for(DType weight);
+
+// The helpers below are `static` on purpose: this header is also compiled into the
+// AVX2 / AVX-512 translation units, and an ordinary inline function emitted there
+// (with wide instructions) could be the copy the linker keeps for every caller.
+inline constexpr int64_t kActAlign = 64;
+static constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// One quantised activation row of k values (k a multiple of the block), laid out as
+//   kQ8x32:  int8 qs[k] | pad to 64 | float d[k/32] | float s[k/32]   (s = d * sum(qs))
+//   kQ8x256: int8 qs[k] | pad to 64 | float d[k/256] | int16 bsums[k/16]
+// and each row padded to a multiple of 64 bytes.
+static inline int64_t act_row_bytes(ActFormat f, int64_t k) {
+  switch (f) {
+    case ActFormat::kF32: return round_up(k * 4, kActAlign);
+    case ActFormat::kQ8x32: return round_up(round_up(k, kActAlign) + (k / 32) * 8, kActAlign);
+    case ActFormat::kQ8x256:
+      return round_up(round_up(k, kActAlign) + (k / 256) * 4 + (k / 16) * 2, kActAlign);
+  }
+  return 0;
+}
+
+struct Q8x32Row {
+  const int8_t* qs;  // [k]
+  const float* d;    // [k/32]
+  const float* s;    // [k/32]
+};
+static inline Q8x32Row q8x32_row(const uint8_t* p, int64_t k) {
+  const float* d = reinterpret_cast<const float*>(p + round_up(k, kActAlign));
+  return {reinterpret_cast<const int8_t*>(p), d, d + k / 32};
+}
+
+struct Q8x256Row {
+  const int8_t* qs;      // [k]
+  const float* d;        // [k/256]
+  const int16_t* bsums;  // [k/16]
+};
+static inline Q8x256Row q8x256_row(const uint8_t* p, int64_t k) {
+  const float* d = reinterpret_cast<const float*>(p + round_up(k, kActAlign));
+  return {reinterpret_cast<const int8_t*>(p), d, reinterpret_cast<const int16_t*>(d + k / 256)};
+}
+
+// Computes y[t * y_stride + r] = dot(row r of w, activation row t) for r < n_rows,
+// t < n_tokens. w rows are w_stride bytes apart (blocks along k); activation rows
+// x_stride bytes apart in the weight type's ActFormat.
+using MatmulTileFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* x,
+                              size_t x_stride, int64_t k, int64_t n_rows, int64_t n_tokens,
+                              float* y, int64_t y_stride);
+
+inline constexpr int kNumDTypes = 9;
+
+struct KernelTable {
+  CpuIsa isa;
+  // x[k] -> one activation row (act_row_bytes bytes) in the given format.
+  void (*quantize_q8x32)(const float* x, int64_t k, uint8_t* out);
+  void (*quantize_q8x256)(const float* x, int64_t k, uint8_t* out);
+  MatmulTileFn matmul[kNumDTypes];  // indexed by DType
+
+  float (*dot_f32)(const float* a, const float* b, int64_t n);
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x
+  void (*scale_f32)(float a, float* y, int64_t n);                 // y *= a
+  // out = x / sqrt(mean(x^2) + eps) * w
+  void (*rms_norm_f32)(const float* x, const float* w, float eps, int64_t n, float* out);
+  void (*silu_mul_f32)(const float* gate, const float* up, int64_t n, float* out);
+  void (*add_f32)(float* x, const float* y, int64_t n);  // x += y
+  // x[i] = exp(x[i] - max) for i < n; returns the sum of the new values.
+  float (*exp_sub_sum_f32)(float* x, float max, int64_t n);
+};
+
+const KernelTable& kernels_scalar();
+#if defined(DSERVE_CPU_X86)
+const KernelTable& kernels_avx2();
+const KernelTable& kernels_avx512();
+#endif
+
+// The table for `isa`, which must be supported.
+const KernelTable& kernels_for(CpuIsa isa);
+
+}  // namespace dserve::cpu

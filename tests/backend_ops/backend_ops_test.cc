@@ -1,0 +1,410 @@
+// Every Backend op, on every instruction-set level this CPU supports and several
+// thread counts, against plain double-precision references written here from
+// dequantize_row (the obviously-right path).
+//
+// Tolerances:
+//  - float weights (F32/F16/BF16): the kernels accumulate in FP32 over at most a few
+//    thousand terms with several partial sums, so the error is below ~K/16 * 2^-24 of
+//    sum|w x|; we allow 1e-5 * sum|w x|.
+//  - quantised weights: the kernels quantise activations to int8 (per 32 or per 256).
+//    (a) Against a reference that quantises x the same way (bit-identical rounding
+//        rule, kernels.h), only FP32 rounding of the per-block scale products and
+//        their sum remains: 2e-5 * sum(|w| + max|w|) |xq| covers it with margin, as
+//        the Q4_0 / Q4_K offset terms are computed separately before cancelling.
+//    (b) Against the pure float product, the rigorous bound is the activation
+//        rounding error, |x - xq| <= d/2 per element: sum |w_i| * d_i / 2 (+ (a)).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_isa.h"
+#include "tensor/dequantize.h"
+#include "tensor/half.h"
+#include "tensor/quant_blocks.h"
+
+namespace dserve {
+namespace {
+
+using cpu::CpuIsa;
+
+constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
+                               DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                               DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+std::vector<float> random_floats(int64_t n, std::mt19937& rng, float sigma = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+uint16_t f16(float x) { return f32_to_f16(x); }
+
+// Random weights [n, k] of type t: random quants, sane scales.
+std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k, std::mt19937& rng) {
+  const size_t bytes = dtype_bytes(t, n * k);
+  std::vector<uint8_t> w(bytes);
+  std::uniform_real_distribution<float> scale(0.002f, 0.02f), offset(-0.1f, 0.1f);
+  if (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) {
+    std::vector<float> f = random_floats(n * k, rng, 0.1f);
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (t == DType::kF32) {
+        std::memcpy(w.data() + 4 * i, &f[i], 4);
+      } else {
+        uint16_t h = t == DType::kF16 ? f16(f[i]) : f32_to_bf16(f[i]);
+        std::memcpy(w.data() + 2 * i, &h, 2);
+      }
+    }
+    return w;
+  }
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  const int64_t n_blocks = (n * k) / dtype_info(t).block_size;
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    switch (t) {
+      case DType::kQ8_0: reinterpret_cast<block_q8_0*>(w.data())[i].d = f16(scale(rng)); break;
+      case DType::kQ4_0: reinterpret_cast<block_q4_0*>(w.data())[i].d = f16(scale(rng)); break;
+      case DType::kQ4_1: {
+        auto& b = reinterpret_cast<block_q4_1*>(w.data())[i];
+        b.d = f16(scale(rng));
+        b.m = f16(offset(rng));
+        break;
+      }
+      case DType::kQ4_K: {
+        auto& b = reinterpret_cast<block_q4_K*>(w.data())[i];
+        b.d = f16(scale(rng) * 0.1f);
+        b.dmin = f16(scale(rng) * 0.1f);
+        break;
+      }
+      case DType::kQ5_K: {
+        auto& b = reinterpret_cast<block_q5_K*>(w.data())[i];
+        b.d = f16(scale(rng) * 0.1f);
+        b.dmin = f16(scale(rng) * 0.1f);
+        break;
+      }
+      case DType::kQ6_K: reinterpret_cast<block_q6_K*>(w.data())[i].d = f16(scale(rng) * 0.1f); break;
+      case DType::kF32:
+      case DType::kF16:
+      case DType::kBF16:
+      case DType::kF8_E4M3: break;
+    }
+  }
+  return w;
+}
+
+// Activation quantisation exactly as the kernels do it (kernels.h): returns x
+// rounded to its int8 grid, and d/2 per element (the rounding bound).
+void quantize_like_kernels(const float* x, int64_t k, int block, float* xq, float* half_step) {
+  for (int64_t b = 0; b < k / block; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(x[b * block + i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < block; ++i) {
+      xq[b * block + i] = std::nearbyint(x[b * block + i] * id) * d;
+      half_step[b * block + i] = d / 2;
+    }
+  }
+}
+
+int act_block(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: return 0;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1: return 32;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return 256;
+    case DType::kF8_E4M3: return 0;
+  }
+  return 0;
+}
+
+struct Config {
+  CpuIsa isa;
+  int n_threads;
+};
+
+std::string config_name(const testing::TestParamInfo<Config>& info) {
+  return std::string(cpu::isa_name(info.param.isa)) + "_t" + std::to_string(info.param.n_threads);
+}
+
+std::vector<Config> all_configs() {
+  std::vector<Config> out;
+  for (CpuIsa isa : cpu::supported_isas()) {
+    for (int n : {1, 2, 3}) out.push_back({isa, n});
+  }
+  return out;
+}
+
+class BackendOpsTest : public testing::TestWithParam<Config> {
+ protected:
+  void SetUp() override {
+    CpuBackendOptions options;
+    options.n_threads = GetParam().n_threads;
+    options.isa = std::string(cpu::isa_name(GetParam().isa));
+    backend_ = make_cpu_backend(options);
+  }
+  std::unique_ptr<Backend> backend_;
+  std::mt19937 rng_{1234};
+};
+
+TEST_P(BackendOpsTest, Name) {
+  EXPECT_EQ(backend_->name(), "cpu-" + std::string(cpu::isa_name(GetParam().isa)));
+}
+
+void check_matmul(Backend& backend, DType t, int64_t n, int64_t k, int64_t n_tokens, bool with_bias,
+                  std::mt19937& rng) {
+  SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n) + " k=" +
+               std::to_string(k) + " tokens=" + std::to_string(n_tokens) +
+               (with_bias ? " bias" : ""));
+  std::vector<uint8_t> wbytes = random_weights(t, n, k, rng);
+  TensorView w{t, {n, k}, wbytes.data(), wbytes.size()};
+  std::vector<float> x = random_floats(n_tokens * k, rng);
+  x[0] = 4.0f;  // an outlier, as real activations have
+  std::vector<float> bias = random_floats(n, rng);
+  TensorView bias_view{DType::kF32, {n}, bias.data(), bias.size() * 4};
+  std::vector<float> y(n_tokens * n, NAN);
+  backend.matmul(w, with_bias ? &bias_view : nullptr, x.data(), n_tokens, y.data());
+
+  std::vector<float> wf(n * k);
+  for (int64_t r = 0; r < n; ++r) dequantize_row(t, w.row(r), wf.data() + r * k, k);
+  const int block = act_block(t);
+  std::vector<float> xq(k), half_step(k, 0.0f);
+  int n_bad = 0;
+  for (int64_t tok = 0; tok < n_tokens; ++tok) {
+    const float* xt = x.data() + tok * k;
+    if (block > 0) {
+      quantize_like_kernels(xt, k, block, xq.data(), half_step.data());
+    } else {
+      std::copy(xt, xt + k, xq.begin());
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      const float* wr = wf.data() + r * k;
+      double wmax = 0;
+      for (int64_t i = 0; i < k; ++i) wmax = std::max(wmax, std::fabs(double{wr[i]}));
+      double exact = 0, same_q = 0, abs_sum = 0, q_bound = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        exact += double{wr[i]} * xt[i];
+        same_q += double{wr[i]} * xq[i];
+        abs_sum += (std::fabs(double{wr[i]}) + (block > 0 ? wmax : 0)) * std::fabs(xq[i]);
+        q_bound += std::fabs(double{wr[i]}) * half_step[i];
+      }
+      const double b = with_bias ? bias[r] : 0.0;
+      const double got = y[tok * n + r];
+      const double tol = (block > 0 ? 2e-5 : 1e-5) * abs_sum + 1e-6;
+      const bool ok = std::fabs(got - (same_q + b)) <= tol &&
+                      std::fabs(got - (exact + b)) <= q_bound * 1.001 + tol;
+      if (!ok && ++n_bad <= 5) {
+        ADD_FAILURE() << "row " << r << " token " << tok << ": got " << got << ", same-quant ref "
+                      << same_q + b << " (tol " << tol << "), float ref " << exact + b
+                      << " (bound " << q_bound << ")";
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulFloatWeights) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t k : {83, 576}) {
+      for (int64_t n_tokens : {1, 37}) {
+        check_matmul(*backend_, t, 45, k, n_tokens, false, rng_);
+      }
+    }
+    check_matmul(*backend_, t, 70, 64, 70, true, rng_);
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulBlockQuantised) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    // Block counts 3, 13 and 18 reach every tail path of the grouped SIMD kernels.
+    for (int64_t k : {96, 416, 576}) {
+      for (int64_t n_tokens : {1, 37}) {
+        check_matmul(*backend_, t, 45, k, n_tokens, false, rng_);
+      }
+    }
+    check_matmul(*backend_, t, 70, 64, 70, true, rng_);
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulKQuantised) {
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    for (int64_t k : {256, 768}) {
+      for (int64_t n_tokens : {1, 37}) {
+        check_matmul(*backend_, t, 45, k, n_tokens, false, rng_);
+      }
+    }
+    check_matmul(*backend_, t, 70, 256, 70, true, rng_);
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulManyRows) {
+  // More rows than one task takes, so the split over the pool is exercised.
+  check_matmul(*backend_, DType::kQ4_1, 1000, 64, 2, false, rng_);
+  check_matmul(*backend_, DType::kF32, 1000, 40, 3, false, rng_);
+}
+
+TEST_P(BackendOpsTest, GetRows) {
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const int64_t n_rows = 20, len = 512;
+    std::vector<uint8_t> bytes = random_weights(t, n_rows, len, rng_);
+    TensorView table{t, {n_rows, len}, bytes.data(), bytes.size()};
+    std::vector<int32_t> ids = {3, 0, 19, 3, 7};
+    std::vector<float> out(ids.size() * len), want(len);
+    backend_->get_rows(table, ids.data(), ids.size(), out.data());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      dequantize_row(t, table.row(ids[i]), want.data(), len);
+      ASSERT_EQ(0, std::memcmp(want.data(), out.data() + i * len, len * 4)) << "id " << i;
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, RmsNorm) {
+  for (int64_t n : {7, 64, 576}) {
+    for (DType wt : {DType::kF32, DType::kBF16}) {
+      const int64_t n_tokens = 37;
+      std::vector<float> x = random_floats(n_tokens * n, rng_, 3.0f);
+      std::vector<float> wf = random_floats(n, rng_);
+      std::vector<uint16_t> wb(n);
+      for (int64_t i = 0; i < n; ++i) {
+        wb[i] = f32_to_bf16(wf[i]);
+        if (wt == DType::kBF16) wf[i] = bf16_to_f32(wb[i]);
+      }
+      TensorView w = wt == DType::kF32 ? TensorView{wt, {n}, wf.data(), size_t(n) * 4}
+                                       : TensorView{wt, {n}, wb.data(), size_t(n) * 2};
+      std::vector<float> out(x.size());
+      backend_->rms_norm(x.data(), w, 1e-5f, n_tokens, n, out.data());
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        double ss = 0;
+        for (int64_t i = 0; i < n; ++i) ss += double{x[t * n + i]} * x[t * n + i];
+        const double r = 1.0 / std::sqrt(ss / n + 1e-5);
+        for (int64_t i = 0; i < n; ++i) {
+          const double want = x[t * n + i] * r * wf[i];
+          ASSERT_NEAR(out[t * n + i], want, 1e-5 * std::fabs(want) + 1e-6) << "t " << t << " i " << i;
+        }
+      }
+      backend_->rms_norm(x.data(), w, 1e-5f, n_tokens, n, x.data());  // in place
+      ASSERT_EQ(0, std::memcmp(x.data(), out.data(), out.size() * 4));
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, SiluMulAndAdd) {
+  for (int64_t n : {1, 17, 1536, 100003}) {
+    std::vector<float> g = random_floats(n, rng_, 4.0f), u = random_floats(n, rng_);
+    std::vector<float> out(n);
+    backend_->silu_mul(g.data(), u.data(), n, out.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = g[i] / (1.0 + std::exp(-double{g[i]})) * u[i];
+      ASSERT_NEAR(out[i], want, 2e-6 * std::fabs(want) + 1e-7) << i;
+    }
+    std::vector<float> x = g;
+    backend_->add_inplace(x.data(), u.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i], g[i] + u[i]) << i;
+  }
+}
+
+TEST_P(BackendOpsTest, Rope) {
+  const int n_heads = 3, head_dim = 16, n_pos = 100;
+  for (int rotary_dim : {16, 8}) {
+    std::vector<float> cos_t(n_pos * rotary_dim / 2), sin_t(cos_t.size());
+    for (int p = 0; p < n_pos; ++p) {
+      for (int i = 0; i < rotary_dim / 2; ++i) {
+        const double a = p * std::pow(10000.0, -2.0 * i / rotary_dim);
+        cos_t[p * rotary_dim / 2 + i] = std::cos(a);
+        sin_t[p * rotary_dim / 2 + i] = std::sin(a);
+      }
+    }
+    RopeTable table{rotary_dim, n_pos, cos_t.data(), sin_t.data()};
+    for (bool interleaved : {false, true}) {
+      for (int n_tokens : {1, 37}) {
+        std::vector<int32_t> pos(n_tokens);
+        for (int t = 0; t < n_tokens; ++t) pos[t] = (t * 7 + 3) % n_pos;
+        std::vector<float> x = random_floats(n_tokens * n_heads * head_dim, rng_);
+        std::vector<float> want = x;
+        for (int t = 0; t < n_tokens; ++t) {
+          for (int h = 0; h < n_heads; ++h) {
+            float* v = want.data() + (t * n_heads + h) * head_dim;
+            const float* src = x.data() + (t * n_heads + h) * head_dim;
+            for (int i = 0; i < rotary_dim / 2; ++i) {
+              const int a = interleaved ? 2 * i : i;
+              const int b = interleaved ? 2 * i + 1 : i + rotary_dim / 2;
+              const double c = cos_t[pos[t] * rotary_dim / 2 + i];
+              const double s = sin_t[pos[t] * rotary_dim / 2 + i];
+              v[a] = src[a] * c - src[b] * s;
+              v[b] = src[a] * s + src[b] * c;
+            }
+          }
+        }
+        backend_->rope(x.data(), n_tokens, n_heads, head_dim, pos.data(), table, interleaved);
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], want[i], 1e-6) << i;
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, Attention) {
+  struct Case {
+    int64_t n_tokens, first_pos, n_kv;
+    int n_heads, n_kv_heads, head_dim, v_dim;
+  };
+  for (const Case& c : {Case{1, 49, 50, 4, 2, 16, 16}, Case{37, 0, 37, 6, 2, 32, 32},
+                        Case{37, 13, 50, 3, 3, 8, 12}, Case{5, 300, 305, 9, 3, 64, 64}}) {
+    SCOPED_TRACE("tokens " + std::to_string(c.n_tokens) + " n_kv " + std::to_string(c.n_kv));
+    std::vector<float> q = random_floats(c.n_tokens * c.n_heads * c.head_dim, rng_);
+    std::vector<float> k = random_floats(c.n_kv * c.n_kv_heads * c.head_dim, rng_);
+    std::vector<float> v = random_floats(c.n_kv * c.n_kv_heads * c.v_dim, rng_);
+    std::vector<int32_t> pos(c.n_tokens);
+    for (int64_t t = 0; t < c.n_tokens; ++t) pos[t] = static_cast<int32_t>(c.first_pos + t);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    std::vector<float> out(c.n_tokens * c.n_heads * c.v_dim);
+    backend_->attention(q.data(), k.data(), v.data(), out.data(), c.n_tokens, pos.data(), c.n_kv,
+                        c.n_heads, c.n_kv_heads, c.head_dim, c.v_dim, scale);
+    const int group = c.n_heads / c.n_kv_heads;
+    for (int64_t t = 0; t < c.n_tokens; ++t) {
+      for (int h = 0; h < c.n_heads; ++h) {
+        const int kvh = h / group;
+        std::vector<double> s(pos[t] + 1);
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j <= pos[t]; ++j) {
+          double d = 0;
+          for (int i = 0; i < c.head_dim; ++i) {
+            d += double{q[(t * c.n_heads + h) * c.head_dim + i]} *
+                 k[(j * c.n_kv_heads + kvh) * c.head_dim + i];
+          }
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int i = 0; i < c.v_dim; ++i) {
+          double want = 0;
+          for (int j = 0; j <= pos[t]; ++j) {
+            want += s[j] / sum * v[(j * c.n_kv_heads + kvh) * c.v_dim + i];
+          }
+          ASSERT_NEAR(out[(t * c.n_heads + h) * c.v_dim + i], want, 1e-5)
+              << "t " << t << " h " << h << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, BackendOpsTest, testing::ValuesIn(all_configs()), config_name);
+
+TEST(CpuIsaTest, ParseAndDetect) {
+  EXPECT_EQ(cpu::parse_isa("avx2"), CpuIsa::kAvx2);
+  EXPECT_EQ(cpu::parse_isa("neon-nope"), std::nullopt);
+  EXPECT_TRUE(cpu::isa_supported(CpuIsa::kScalar));
+  EXPECT_TRUE(cpu::isa_supported(cpu::best_isa()));
+}
+
+}  // namespace
+}  // namespace dserve
