@@ -6,12 +6,26 @@
 
 #include <algorithm>
 
+#include "base/check.h"
+
 namespace dserve {
 namespace {
 
-// How long an idle worker spins before sleeping; about the gap between two kernels
-// of one decode step.
+// How long an idle thread spins before sleeping or yielding; about the gap between
+// two kernels of one decode step.
 constexpr int kSpinIterations = 20000;
+
+// claim_ layout: generation (20 bits) | next task (22 bits) | task count (22 bits).
+constexpr int kTaskBits = 22;
+constexpr uint64_t kTaskMask = (uint64_t{1} << kTaskBits) - 1;
+constexpr int64_t kMaxTasks = int64_t{1} << kTaskBits;
+
+inline uint64_t pack(uint64_t generation, uint64_t next, uint64_t count) {
+  return (generation << (2 * kTaskBits)) | (next << kTaskBits) | count;
+}
+inline uint64_t generation_of(uint64_t w) { return w >> (2 * kTaskBits); }
+inline uint64_t next_of(uint64_t w) { return (w >> kTaskBits) & kTaskMask; }
+inline uint64_t count_of(uint64_t w) { return w & kTaskMask; }
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
@@ -56,11 +70,21 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::work(int thread) {
+int64_t ThreadPool::work(int thread) {
+  int64_t n_ran = 0;
+  uint64_t w = claim_.load(std::memory_order_acquire);
   for (;;) {
-    int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= n_tasks_) break;
-    (*job_)(task, thread);
+    if (next_of(w) >= count_of(w)) return n_ran;
+    // Success means task next_of(w) of generation generation_of(w) is ours, and that
+    // job cannot finish (so job_ stays valid) until we report it done.
+    if (!claim_.compare_exchange_weak(w, w + (uint64_t{1} << kTaskBits),
+                                      std::memory_order_acq_rel, std::memory_order_acquire)) {
+      continue;
+    }
+    (*job_)(static_cast<int64_t>(next_of(w)), thread);
+    n_done_.fetch_add(1, std::memory_order_acq_rel);
+    ++n_ran;
+    w = claim_.load(std::memory_order_acquire);
   }
 }
 
@@ -79,7 +103,6 @@ void ThreadPool::worker_main(int thread) {
     seen = epoch_.load(std::memory_order_acquire);
     if (stop_.load()) return;
     work(thread);
-    n_busy_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -89,23 +112,25 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t, int)>& f
     for (int64_t i = 0; i < n_tasks; ++i) fn(i, 0);
     return;
   }
+  DS_CHECK_MSG(n_tasks < kMaxTasks, "too many tasks in one job: %lld",
+               static_cast<long long>(n_tasks));
   job_ = &fn;
-  n_tasks_ = n_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  n_busy_.store(n_threads_ - 1, std::memory_order_relaxed);
+  n_done_.store(0, std::memory_order_relaxed);
+  generation_ = (generation_ + 1) & ((uint64_t{1} << (64 - 2 * kTaskBits)) - 1);
+  // Publishing the claim word releases job_ and n_done_ to whoever claims a task.
+  claim_.store(pack(generation_, 0, static_cast<uint64_t>(n_tasks)), std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     epoch_.fetch_add(1, std::memory_order_acq_rel);
   }
   wake_.notify_all();
   work(0);
-  // A worker may have been descheduled (more runnable threads than cores): after a
-  // short spin, give the core away instead of burning the rest of our time slice.
-  for (int spins = 0; n_busy_.load(std::memory_order_acquire) != 0; ++spins) {
+  // A worker may have been descheduled mid-task (more runnable threads than cores):
+  // after a short spin, give the core away instead of burning our time slice.
+  for (int spins = 0; n_done_.load(std::memory_order_acquire) != n_tasks; ++spins) {
     if (spins < kSpinIterations) cpu_relax();
     else std::this_thread::yield();
   }
-  job_ = nullptr;
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,

@@ -43,19 +43,23 @@ class ThreadPool {
 
  private:
   void worker_main(int thread);
-  void work(int thread);
+  // Claims and runs tasks of the current job until none is left; returns how many.
+  int64_t work(int thread);
 
   int n_threads_;
   std::vector<std::thread> workers_;
 
-  // The current job; written by run() before the epoch is bumped.
+  // The current job. `claim_` packs (generation, next task, task count) into one
+  // word so that a worker claims a task of exactly the job it read: a late worker
+  // can never take a task from a finished job or read half of a new one. run()
+  // waits for `n_done_` to reach the task count, not for every worker to check in,
+  // so a descheduled worker does not stall the job.
   const std::function<void(int64_t, int)>* job_ = nullptr;
-  int64_t n_tasks_ = 0;
-  std::atomic<int64_t> next_task_{0};
-  std::atomic<int> n_busy_{0};
-
-  std::atomic<uint64_t> epoch_{0};
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> n_done_{0};
+  uint64_t generation_ = 0;  // engine thread only
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> epoch_{0};  // bumped per job; idle workers wait on it
   std::mutex mutex_;
   std::condition_variable wake_;
 };

@@ -19,6 +19,7 @@ std::optional<DType> dtype_from_name(const std::string& s) {
   if (s == "F32") return DType::kF32;
   if (s == "F16") return DType::kF16;
   if (s == "BF16") return DType::kBF16;
+  if (s == "F8_E4M3") return DType::kF8_E4M3;  // DeepSeek FP8 weights (with block scales)
   return std::nullopt;
 }
 
@@ -100,7 +101,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     if (!dtype) {
       if (is_known_dtype(dtype_str)) {
         return unimplemented(path + ": " + where + " has dtype " + dtype_str +
-                             "; dserve supports F32, F16 and BF16");
+                             "; dserve supports F32, F16, BF16 and F8_E4M3");
       }
       return bad(where + " has unknown dtype '" + dtype_str + "'");
     }

@@ -14,6 +14,7 @@ const DTypeInfo& dtype_info(DType t) {
   static const DTypeInfo kQ4_K{"q4_k", 256, 144};
   static const DTypeInfo kQ5_K{"q5_k", 256, 176};
   static const DTypeInfo kQ6_K{"q6_k", 256, 210};
+  static const DTypeInfo kF8_E4M3{"f8_e4m3", 1, 1};
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
@@ -24,6 +25,7 @@ const DTypeInfo& dtype_info(DType t) {
     case DType::kQ4_K: return kQ4_K;
     case DType::kQ5_K: return kQ5_K;
     case DType::kQ6_K: return kQ6_K;
+    case DType::kF8_E4M3: return kF8_E4M3;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(t));
   return kF32;
@@ -60,6 +62,9 @@ uint32_t ggml_type_of(DType t) {
     case DType::kQ4_K: return 12;
     case DType::kQ5_K: return 13;
     case DType::kQ6_K: return 14;
+    case DType::kF8_E4M3:
+      DS_CHECK_MSG(false, "f8_e4m3 has no ggml type");
+      return 0;
     case DType::kBF16: return 30;
   }
   return 0;
