@@ -22,7 +22,7 @@ for t in $THREADS; do
   line=$("$DSERVE" generate --model "$MODEL" --prompt-ids "$IDS" --max-tokens 128 --ignore-eos \
            --temperature 0 --threads "$t" 2>&1 >/dev/null | grep 'tokens/s' | tail -1)
   pp=$(sed -E 's/.*prompt: [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tokens\/s\).*/\1/' <<<"$line")
-  tg=$(sed -E 's/.*decode: [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tokens\/s\).*/\1/' <<<"$line")
+  tg=$(sed -E 's/.*decode: [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tokens\/s.*/\1/' <<<"$line")
   gbs=$(awk -v b="$WEIGHT_BYTES" -v r="$tg" 'BEGIN { printf "%.1f", b * r / 1e9 }')
   printf "%-8s %-16s %-16s %-12s\n" "$t" "$pp" "$tg" "$gbs"
 done
