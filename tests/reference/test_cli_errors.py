@@ -101,6 +101,13 @@ def test_missing_tensor(dserve_bin, checkpoint_copy):
     _fails_cleanly([dserve_bin, *_generate(checkpoint_copy)], "model.layers.1.mlp.up_proj.weight")
 
 
+@pytest.mark.parametrize("content", ["{not json", '{"model": {"type": "Unigram", "vocab": []}}', ""])
+def test_unreadable_tokenizer(dserve_bin, checkpoint_copy, content):
+    checkpoint_copy.joinpath("tokenizer.json").write_text(content)
+    _fails_cleanly([dserve_bin, "generate", "--model", checkpoint_copy, "--prompt", "hello",
+                    "--max-tokens", 2], "tokenizer.json")
+
+
 def test_inconsistent_config(dserve_bin, checkpoint_copy):
     _edit_config(checkpoint_copy, num_key_value_heads=3)
     _fails_cleanly([dserve_bin, *_generate(checkpoint_copy)], "num_key_value_heads")
