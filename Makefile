@@ -14,13 +14,14 @@ PY := $(VENV)/bin/python
 JOBS ?= $(shell nproc)
 BUILD := build
 ASAN_BUILD := build-asan
+TSAN_BUILD := build-tsan
 DEFAULT_MODEL := $(DSERVE_CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT ?= The three most useful things to know about the ocean are
 
 APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev \
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip
 
-.PHONY: all setup deps venv model build build-asan run serve test test-cpp test-asan test-py bench clean
+.PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench clean
 
 all: build
 
@@ -63,13 +64,20 @@ build-asan: deps
 	  -DDSERVE_SANITIZE=address,undefined -DDSERVE_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target sanitize_tests
 
+# Tests of state shared between threads (thread pool, later the engine), under
+# ThreadSanitizer.
+build-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DDSERVE_SANITIZE=thread -DDSERVE_BUILD_BENCH=OFF >/dev/null
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan_tests
+
 run: setup build
 	$(BUILD)/dserve generate --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-tokens 64
 
 serve: run
 
-test: setup build build-asan
-	$(MAKE) test-cpp test-asan test-py
+test: setup build build-asan build-tsan
+	$(MAKE) test-cpp test-asan test-tsan test-py
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -77,6 +85,9 @@ test-cpp:
 test-asan:
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -L sanitize -j $(JOBS)
+
+test-tsan:
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L tsan -j $(JOBS)
 
 test-py:
 	DSERVE_BUILD_DIR=$(CURDIR)/$(BUILD) DSERVE_MODEL=$(DEFAULT_MODEL) \
@@ -86,4 +97,4 @@ bench: setup build
 	tools/bench_cpu.sh $(BUILD)/dserve $(DEFAULT_MODEL)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
