@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "base/log.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve::cli {
@@ -27,7 +27,7 @@ Status generate(const GenerateOptions& o) {
   DS_RETURN_IF_ERROR(o.sampling.validate());
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files, open_model_files(o.common));
-  DS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::from_model_files(*files));
+  DS_ASSIGN_OR_RETURN(ModelInfo config, read_model_info(*files));
 
   // The tokenizer is needed to encode a text prompt and to print text; with
   // --prompt-ids --print-ids the model runs without one (tiny test checkpoints).
@@ -60,9 +60,9 @@ Status generate(const GenerateOptions& o) {
   };
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(o.common));
-  DS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
-                      LlamaModel::load(std::move(files), *backend, context));
-  std::unique_ptr<KvCache> kv = model->new_kv_cache();
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model,
+                      load_causal_lm(std::move(files), *backend, context));
+  std::unique_ptr<SequenceCache> kv = model->new_cache();
   Sampler sampler(o.sampling);
   std::unique_ptr<IncrementalDecoder> decoder;
   if (!o.print_ids) decoder = std::make_unique<IncrementalDecoder>(*tokenizer);
@@ -117,6 +117,7 @@ Status generate(const GenerateOptions& o) {
                static_cast<long long>(n_decode_steps), decode_s, decode_tps, weight_mib,
                decode_tps * model->weight_bytes_per_token() / 1e9, kv->bytes_per_token(),
                std::string(backend->name()).c_str());
+  if (const std::string stats = model->stats(); !stats.empty()) DS_LOG_INFO("{}", stats);
   return Status::Ok();
 }
 

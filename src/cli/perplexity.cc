@@ -10,7 +10,7 @@
 #include <sstream>
 #include <vector>
 
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
 #include "sampling/log_softmax.h"
 #include "tokenizer/tokenizer.h"
 
@@ -50,7 +50,7 @@ Status perplexity(const PerplexityOptions& o) {
   }
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files, open_model_files(o.common));
-  DS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::from_model_files(*files));
+  DS_ASSIGN_OR_RETURN(ModelInfo config, read_model_info(*files));
 
   std::vector<int32_t> tokens;
   if (!o.file.empty()) {
@@ -79,9 +79,9 @@ Status perplexity(const PerplexityOptions& o) {
   }
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(o.common));
-  DS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
-                      LlamaModel::load(std::move(files), *backend, ctx));
-  std::unique_ptr<KvCache> kv = model->new_kv_cache();
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model,
+                      load_causal_lm(std::move(files), *backend, ctx));
+  std::unique_ptr<SequenceCache> kv = model->new_cache();
   const int64_t vocab = config.vocab_size;
 
   // Non-overlapping windows of ctx tokens, each from an empty cache; inside a window

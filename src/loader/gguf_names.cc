@@ -31,6 +31,31 @@ constexpr NamePair kLayer[] = {
     {"ffn_gate", "mlp.gate_proj"},
     {"ffn_up", "mlp.up_proj"},
     {"ffn_down", "mlp.down_proj"},
+    // deepseek2 (DeepSeek-V2 / V3): MLA projections ...
+    {"attn_q_a", "self_attn.q_a_proj"},
+    {"attn_q_a_norm", "self_attn.q_a_layernorm"},
+    {"attn_q_b", "self_attn.q_b_proj"},
+    {"attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"},
+    {"attn_kv_a_norm", "self_attn.kv_a_layernorm"},
+    {"attn_kv_b", "self_attn.kv_b_proj"},
+    // ... kv_b_proj as newer llama.cpp files store it, split per head into W_UKᵀ
+    // [n_head, kv_lora_rank, qk_nope] and W_UV [n_head, v_head_dim, kv_lora_rank]
+    // (names of our own: transformers has no such tensors).
+    {"attn_k_b", "self_attn.k_b_proj"},
+    {"attn_v_b", "self_attn.v_b_proj"},
+    // ... and DeepSeekMoE: router, stacked routed experts [n_expert, ...], shared experts.
+    {"ffn_gate_inp", "mlp.gate"},
+    {"ffn_gate_exps", "mlp.experts.gate_proj"},
+    {"ffn_up_exps", "mlp.experts.up_proj"},
+    {"ffn_down_exps", "mlp.experts.down_proj"},
+    {"ffn_gate_shexp", "mlp.shared_experts.gate_proj"},
+    {"ffn_up_shexp", "mlp.shared_experts.up_proj"},
+    {"ffn_down_shexp", "mlp.shared_experts.down_proj"},
+};
+
+// Per-layer tensors whose Hugging Face name has no .weight/.bias suffix.
+constexpr NamePair kLayerWhole[] = {
+    {"exp_probs_b.bias", "mlp.gate.e_score_correction_bias"},  // noaux_tc routing bias
 };
 
 const char* lookup(const NamePair* table, size_t n, std::string_view key) {
@@ -43,6 +68,14 @@ const char* lookup(const NamePair* table, size_t n, std::string_view key) {
 }  // namespace
 
 std::string gguf_to_hf_name(const std::string& gguf_name) {
+  if (std::string_view n = gguf_name; n.substr(0, 4) == "blk.") {
+    const size_t dot = n.find('.', 4);
+    if (dot != std::string_view::npos && dot > 4) {
+      if (const char* hf = lookup(kLayerWhole, std::size(kLayerWhole), n.substr(dot + 1))) {
+        return "model.layers." + std::string(n.substr(4, dot - 4)) + "." + hf;
+      }
+    }
+  }
   // Split off the suffix: "blk.3.attn_q" + ".weight".
   std::string_view name = gguf_name;
   std::string_view suffix;

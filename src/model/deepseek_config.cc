@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "loader/gguf_file.h"
@@ -11,17 +12,22 @@ namespace dserve {
 
 std::string_view topk_method_name(TopkMethod m) {
   switch (m) {
-    case TopkMethod::kGreedy: return "greedy";
-    case TopkMethod::kGroupLimitedGreedy: return "group_limited_greedy";
-    case TopkMethod::kNoauxTc: return "noaux_tc";
+    case TopkMethod::kGreedy:
+      return "greedy";
+    case TopkMethod::kGroupLimitedGreedy:
+      return "group_limited_greedy";
+    case TopkMethod::kNoauxTc:
+      return "noaux_tc";
   }
   return "?";
 }
 
 std::string_view scoring_func_name(ScoringFunc s) {
   switch (s) {
-    case ScoringFunc::kSoftmax: return "softmax";
-    case ScoringFunc::kSigmoid: return "sigmoid";
+    case ScoringFunc::kSoftmax:
+      return "softmax";
+    case ScoringFunc::kSigmoid:
+      return "sigmoid";
   }
   return "?";
 }
@@ -52,14 +58,18 @@ class Fields {
     } else {
       return corrupt(source_ + ": '" + key + "' must be an integer, got " + v.dump());
     }
-    if (d < -2147483648.0 || d > 9.0e15) return corrupt(source_ + ": '" + key + "' out of range");
+    if (d < static_cast<double>(std::numeric_limits<Int>::min()) ||
+        d > static_cast<double>(std::numeric_limits<Int>::max())) {
+      return corrupt(source_ + ": '" + key + "' out of range");
+    }
     *out = static_cast<Int>(d);
     return Status::Ok();
   }
   Status get_double(const char* key, double* out, bool required) const {
     if (!has(key)) return required ? missing(key) : Status::Ok();
     const auto& v = j_[key];
-    if (!v.is_number()) return corrupt(source_ + ": '" + key + "' must be a number, got " + v.dump());
+    if (!v.is_number())
+      return corrupt(source_ + ": '" + key + "' must be a number, got " + v.dump());
     *out = v.get<double>();
     return Status::Ok();
   }
@@ -73,14 +83,16 @@ class Fields {
   Status get_bool(const char* key, bool* out) const {
     if (!has(key)) return Status::Ok();
     const auto& v = j_[key];
-    if (!v.is_boolean()) return corrupt(source_ + ": '" + key + "' must be true or false, got " + v.dump());
+    if (!v.is_boolean())
+      return corrupt(source_ + ": '" + key + "' must be true or false, got " + v.dump());
     *out = v.get<bool>();
     return Status::Ok();
   }
   Status get_string(const char* key, std::string* out) const {
     if (!has(key)) return Status::Ok();
     const auto& v = j_[key];
-    if (!v.is_string()) return corrupt(source_ + ": '" + key + "' must be a string, got " + v.dump());
+    if (!v.is_string())
+      return corrupt(source_ + ": '" + key + "' must be a string, got " + v.dump());
     *out = v.get<std::string>();
     return Status::Ok();
   }
@@ -134,12 +146,15 @@ Status parse_rope(const nlohmann::json& config, const std::string& source, Deeps
     return Status::Ok();
   }
   if (type != "yarn") {
-    return unimplemented(source + ": rope type '" + type + "' is not supported for DeepSeek models (default, yarn)");
+    return unimplemented(source + ": rope type '" + type +
+                         "' is not supported for DeepSeek models (default, yarn)");
   }
   rope.type = RopeScalingType::kYarn;
   rope.original_max_position_embeddings = c->max_position_embeddings;
-  DS_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &rope.original_max_position_embeddings, false));
-  DS_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &rope.original_max_position_embeddings, false));
+  DS_RETURN_IF_ERROR(
+      r.get_int("original_max_position_embeddings", &rope.original_max_position_embeddings, false));
+  DS_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings",
+                                 &rope.original_max_position_embeddings, false));
   if (r.has("factor")) {
     DS_RETURN_IF_ERROR(r.get_double("factor", &rope.factor, true));
   } else if (rope.original_max_position_embeddings > 0) {
@@ -178,8 +193,8 @@ Result<DeepseekConfig> DeepseekConfig::from_hf_json(const nlohmann::json& config
   c.source = source;
 
   std::string arch, model_type;
-  if (r.has("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
-      config["architectures"][0].is_string()) {
+  if (r.has("architectures") && config["architectures"].is_array() &&
+      !config["architectures"].empty() && config["architectures"][0].is_string()) {
     arch = config["architectures"][0].get<std::string>();
   }
   DS_RETURN_IF_ERROR(r.get_string("model_type", &model_type));
@@ -220,7 +235,8 @@ Result<DeepseekConfig> DeepseekConfig::from_hf_json(const nlohmann::json& config
   DS_RETURN_IF_ERROR(r.get_bool("attention_bias", &attention_bias));
   DS_RETURN_IF_ERROR(r.get_bool("mlp_bias", &mlp_bias));
   if (attention_bias || mlp_bias) {
-    return unimplemented(source + ": attention_bias / mlp_bias are not supported for DeepSeek models");
+    return unimplemented(source +
+                         ": attention_bias / mlp_bias are not supported for DeepSeek models");
   }
 
   // DeepSeekMoE, with the defaults of transformers' configs where a field is absent.
@@ -228,8 +244,10 @@ Result<DeepseekConfig> DeepseekConfig::from_hf_json(const nlohmann::json& config
   DS_RETURN_IF_ERROR(r.get_int("n_routed_experts", &c.n_routed_experts, false));
   c.n_shared_experts = v3 ? 1 : 2;
   DS_RETURN_IF_ERROR(r.get_int("n_shared_experts", &c.n_shared_experts, false));
-  DS_RETURN_IF_ERROR(r.get_int("num_experts_per_tok", &c.n_experts_per_tok, c.n_routed_experts > 0));
-  DS_RETURN_IF_ERROR(r.get_int("moe_intermediate_size", &c.moe_intermediate_size, c.n_routed_experts > 0));
+  DS_RETURN_IF_ERROR(
+      r.get_int("num_experts_per_tok", &c.n_experts_per_tok, c.n_routed_experts > 0));
+  DS_RETURN_IF_ERROR(
+      r.get_int("moe_intermediate_size", &c.moe_intermediate_size, c.n_routed_experts > 0));
   c.first_k_dense_replace = v3 ? 3 : 0;
   DS_RETURN_IF_ERROR(r.get_int("first_k_dense_replace", &c.first_k_dense_replace, false));
   DS_RETURN_IF_ERROR(r.get_int("moe_layer_freq", &c.moe_layer_freq, false));
@@ -239,15 +257,24 @@ Result<DeepseekConfig> DeepseekConfig::from_hf_json(const nlohmann::json& config
   DS_RETURN_IF_ERROR(r.get_int("topk_group", &c.topk_group, false));
   std::string method = v3 ? "noaux_tc" : "greedy";
   DS_RETURN_IF_ERROR(r.get_string("topk_method", &method));
-  if (method == "greedy") c.topk_method = TopkMethod::kGreedy;
-  else if (method == "group_limited_greedy") c.topk_method = TopkMethod::kGroupLimitedGreedy;
-  else if (method == "noaux_tc") c.topk_method = TopkMethod::kNoauxTc;
-  else return unimplemented(source + ": unsupported topk_method '" + method + "' (greedy, group_limited_greedy, noaux_tc)");
+  if (method == "greedy")
+    c.topk_method = TopkMethod::kGreedy;
+  else if (method == "group_limited_greedy")
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  else if (method == "noaux_tc")
+    c.topk_method = TopkMethod::kNoauxTc;
+  else
+    return unimplemented(source + ": unsupported topk_method '" + method +
+                         "' (greedy, group_limited_greedy, noaux_tc)");
   std::string scoring = v3 ? "sigmoid" : "softmax";
   DS_RETURN_IF_ERROR(r.get_string("scoring_func", &scoring));
-  if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
-  else if (scoring == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
-  else return unimplemented(source + ": unsupported scoring_func '" + scoring + "' (softmax, sigmoid)");
+  if (scoring == "softmax")
+    c.scoring_func = ScoringFunc::kSoftmax;
+  else if (scoring == "sigmoid")
+    c.scoring_func = ScoringFunc::kSigmoid;
+  else
+    return unimplemented(source + ": unsupported scoring_func '" + scoring +
+                         "' (softmax, sigmoid)");
   c.norm_topk_prob = v3;
   DS_RETURN_IF_ERROR(r.get_bool("norm_topk_prob", &c.norm_topk_prob));
   double scaling = v3 ? 2.5 : 1.0;
@@ -278,11 +305,13 @@ Result<DeepseekConfig> DeepseekConfig::from_gguf(const GgufMetadata& md, bool ha
   DeepseekConfig c;
   c.source = md.source + " metadata";
   DS_ASSIGN_OR_RETURN(std::string arch, md.get_string("general.architecture"));
-  if (arch != "deepseek2") return unimplemented(md.source + ": not a deepseek2 GGUF (architecture '" + arch + "')");
+  if (arch != "deepseek2")
+    return unimplemented(md.source + ": not a deepseek2 GGUF (architecture '" + arch + "')");
   const std::string p = "deepseek2.";
   auto need = [&](const std::string& key) -> Result<int64_t> {
     if (!md.contains(p + key)) {
-      return corrupt(md.source + ": metadata field '" + p + key + "' is missing (required for MLA / MoE)");
+      return corrupt(md.source + ": metadata field '" + p + key +
+                     "' is missing (required for MLA / MoE)");
     }
     return md.get_int(p + key);
   };
@@ -338,7 +367,8 @@ Result<DeepseekConfig> DeepseekConfig::from_gguf(const GgufMetadata& md, bool ha
       c.scoring_func = ScoringFunc::kSoftmax;
       c.topk_method = groups > 1 ? TopkMethod::kGroupLimitedGreedy : TopkMethod::kGreedy;
     } else {
-      return unimplemented(md.source + ": unsupported deepseek2.expert_gating_func " + std::to_string(gating));
+      return unimplemented(md.source + ": unsupported deepseek2.expert_gating_func " +
+                           std::to_string(gating));
     }
     c.version = gating == 2 ? DeepseekVersion::kV3 : DeepseekVersion::kV2;
     if (md.contains(p + "expert_weights_scale")) {
@@ -357,7 +387,8 @@ Result<DeepseekConfig> DeepseekConfig::from_gguf(const GgufMetadata& md, bool ha
   if (md.contains(p + "vocab_size")) {
     DS_ASSIGN_OR_RETURN(c.vocab_size, need("vocab_size"));
   } else {
-    DS_ASSIGN_OR_RETURN(const std::vector<std::string>* tokens, md.get_string_array("tokenizer.ggml.tokens"));
+    DS_ASSIGN_OR_RETURN(const std::vector<std::string>* tokens,
+                        md.get_string_array("tokenizer.ggml.tokens"));
     c.vocab_size = static_cast<int64_t>(tokens->size());
   }
   RopeConfig& rope = c.rope;
@@ -372,7 +403,8 @@ Result<DeepseekConfig> DeepseekConfig::from_gguf(const GgufMetadata& md, bool ha
   if (scaling == "yarn") {
     rope.type = RopeScalingType::kYarn;
     DS_ASSIGN_OR_RETURN(rope.factor, md.get_float(p + "rope.scaling.factor"));
-    DS_ASSIGN_OR_RETURN(rope.original_max_position_embeddings, need("rope.scaling.original_context_length"));
+    DS_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
+                        need("rope.scaling.original_context_length"));
     // llama.cpp stores 0.1 * mscale_all_dim; DeepSeek's checkpoints all have
     // mscale == mscale_all_dim, so the RoPE attention factor is 1.
     double log_mul = 0.0;
@@ -390,7 +422,8 @@ Result<DeepseekConfig> DeepseekConfig::from_gguf(const GgufMetadata& md, bool ha
       DS_ASSIGN_OR_RETURN(rope.beta_slow, md.get_float(p + "rope.scaling.yarn_beta_slow"));
     }
   } else if (scaling != "none") {
-    return unimplemented(md.source + ": unsupported rope.scaling.type '" + scaling + "' for deepseek2");
+    return unimplemented(md.source + ": unsupported rope.scaling.type '" + scaling +
+                         "' for deepseek2");
   }
   c.rope_interleaved = true;
   c.tie_word_embeddings = !has_output_weight;
@@ -460,29 +493,32 @@ Status DeepseekConfig::validate() const {
   if (q_lora_rank < 0) return bad("q_lora_rank must not be negative");
   if (kv_lora_rank <= 0) return bad("kv_lora_rank must be positive");
   if (qk_nope_head_dim <= 0) return bad("qk_nope_head_dim must be positive");
-  if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2 != 0) return bad("qk_rope_head_dim must be positive and even");
+  if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2 != 0)
+    return bad("qk_rope_head_dim must be positive and even");
   if (v_head_dim <= 0) return bad("v_head_dim must be positive");
   if (!(rms_norm_eps > 0)) return bad("rms_norm_eps must be positive");
   if (max_position_embeddings <= 0) return bad("max_position_embeddings must be positive");
   if (!(rope.theta > 0)) return bad("rope_theta must be positive");
-  if (rope.type == RopeScalingType::kYarn && (!(rope.factor > 0) || rope.original_max_position_embeddings <= 0)) {
+  if (rope.type == RopeScalingType::kYarn &&
+      (!(rope.factor > 0) || rope.original_max_position_embeddings <= 0)) {
     return bad("yarn rope needs a positive factor and original_max_position_embeddings");
   }
   if (n_routed_experts < 0) return bad("n_routed_experts must not be negative");
   if (n_routed_experts > 0) {
-    if (intermediate_size <= 0 && first_k_dense_replace > 0) return bad("intermediate_size must be positive");
+    if (intermediate_size <= 0 && first_k_dense_replace > 0)
+      return bad("intermediate_size must be positive");
     if (moe_intermediate_size <= 0) return bad("moe_intermediate_size must be positive");
     if (n_experts_per_tok <= 0 || n_experts_per_tok > n_routed_experts) {
-      return bad("num_experts_per_tok " + std::to_string(n_experts_per_tok) + " must be in [1, n_routed_experts " +
-                 std::to_string(n_routed_experts) + "]");
+      return bad("num_experts_per_tok " + std::to_string(n_experts_per_tok) +
+                 " must be in [1, n_routed_experts " + std::to_string(n_routed_experts) + "]");
     }
     if (n_shared_experts < 0) return bad("n_shared_experts must not be negative");
     if (moe_layer_freq <= 0) return bad("moe_layer_freq must be positive");
     if (first_k_dense_replace < 0) return bad("first_k_dense_replace must not be negative");
     if (topk_method != TopkMethod::kGreedy) {
       if (n_group <= 0 || n_routed_experts % n_group != 0) {
-        return bad("n_routed_experts " + std::to_string(n_routed_experts) + " is not a multiple of n_group " +
-                   std::to_string(n_group));
+        return bad("n_routed_experts " + std::to_string(n_routed_experts) +
+                   " is not a multiple of n_group " + std::to_string(n_group));
       }
       if (topk_group <= 0 || topk_group > n_group) return bad("topk_group must be in [1, n_group]");
       if (static_cast<int64_t>(topk_group) * (n_routed_experts / n_group) < n_experts_per_tok) {
@@ -497,7 +533,8 @@ Status DeepseekConfig::validate() const {
   }
   if (num_nextn_predict_layers < 0) return bad("num_nextn_predict_layers must not be negative");
   for (int32_t id : eos_ids) {
-    if (id < 0 || id >= vocab_size) return bad("eos_token_id " + std::to_string(id) + " outside the vocabulary");
+    if (id < 0 || id >= vocab_size)
+      return bad("eos_token_id " + std::to_string(id) + " outside the vocabulary");
   }
   return Status::Ok();
 }
@@ -506,15 +543,17 @@ std::string DeepseekConfig::summary() const {
   std::ostringstream s;
   s << (version == DeepseekVersion::kV3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM") << ": "
     << n_layers << " layers, hidden " << hidden_size << ", heads " << n_heads << ", MLA q_lora "
-    << q_lora_rank << " kv_lora " << kv_lora_rank << " qk " << qk_nope_head_dim << "+" << qk_rope_head_dim
-    << " v " << v_head_dim << ", ";
+    << q_lora_rank << " kv_lora " << kv_lora_rank << " qk " << qk_nope_head_dim << "+"
+    << qk_rope_head_dim << " v " << v_head_dim << ", ";
   if (n_routed_experts > 0) {
-    s << "MoE " << n_routed_experts << " experts top-" << n_experts_per_tok << " + " << n_shared_experts
-      << " shared (" << topk_method_name(topk_method) << ", " << scoring_func_name(scoring_func) << ", groups "
-      << topk_group << "/" << n_group << "), first " << first_k_dense_replace << " dense, ";
+    s << "MoE " << n_routed_experts << " experts top-" << n_experts_per_tok << " + "
+      << n_shared_experts << " shared (" << topk_method_name(topk_method) << ", "
+      << scoring_func_name(scoring_func) << ", groups " << topk_group << "/" << n_group
+      << "), first " << first_k_dense_replace << " dense, ";
   }
   s << "rope " << rope_scaling_name(rope.type) << ", vocab " << vocab_size;
-  if (num_nextn_predict_layers > 0) s << ", " << num_nextn_predict_layers << " MTP layer(s) not run";
+  if (num_nextn_predict_layers > 0)
+    s << ", " << num_nextn_predict_layers << " MTP layer(s) not run";
   return s.str();
 }
 

@@ -35,17 +35,20 @@ struct DeepseekModel::OwnedTensor {
   TensorView view;
 };
 
-DeepseekModel::DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend, DeepseekConfig config)
+DeepseekModel::DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend,
+                             DeepseekConfig config)
     : files_(std::move(files)), backend_(backend), config_(std::move(config)) {}
 
 DeepseekModel::~DeepseekModel() = default;
 
-Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<ModelFiles> files, Backend& backend,
-                                                           int64_t max_context, MlaPath path) {
+Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<ModelFiles> files,
+                                                           Backend& backend, int64_t max_context,
+                                                           MlaPath path) {
   DS_ASSIGN_OR_RETURN(DeepseekConfig config, DeepseekConfig::from_model_files(*files));
   if (max_context < 0) return invalid_argument("context length must not be negative");
   if (max_context == 0) max_context = config.max_position_embeddings;
-  std::unique_ptr<DeepseekModel> model(new DeepseekModel(std::move(files), backend, std::move(config)));
+  std::unique_ptr<DeepseekModel> model(
+      new DeepseekModel(std::move(files), backend, std::move(config)));
   model->max_context_ = max_context;
   model->path_ = path;
   DS_RETURN_IF_ERROR(model->bind_weights());
@@ -65,25 +68,26 @@ const TensorView* DeepseekModel::own(TensorView view, std::vector<uint8_t> bytes
   return &owned_.back()->view;
 }
 
-Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& expected, bool required,
-                           bool float_only, const TensorView** out) {
+Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& expected,
+                           bool required, bool float_only, const TensorView** out) {
   const ModelFiles& f = *files_;
   const TensorView* t = f.find(name);
   if (t == nullptr) {
     if (!required) return Status::Ok();
-    return not_found(f.path() + ": tensor '" + name + "' is missing (required by " + config_.source + ")");
+    return not_found(f.path() + ": tensor '" + name + "' is missing (required by " +
+                     config_.source + ")");
   }
   if (t->shape != expected) {
-    return corrupt(f.path() + ": tensor '" + name + "' has shape " + shape_to_string(t->shape) + " but " +
-                   config_.source + " implies " + shape_to_string(expected));
+    return corrupt(f.path() + ": tensor '" + name + "' has shape " + shape_to_string(t->shape) +
+                   " but " + config_.source + " implies " + shape_to_string(expected));
   }
   if (t->dtype == DType::kF8_E4M3) {
     DS_ASSIGN_OR_RETURN(Fp8Converted converted, convert_fp8_weight(f, name, *t));
     t = own(std::move(converted.view), std::move(converted.bytes));
   }
   if (float_only && !is_float_dtype(t->dtype)) {
-    return unimplemented(f.path() + ": tensor '" + name + "' has type " + std::string(dtype_name(t->dtype)) +
-                         "; expected f32, f16 or bf16");
+    return unimplemented(f.path() + ": tensor '" + name + "' has type " +
+                         std::string(dtype_name(t->dtype)) + "; expected f32, f16 or bf16");
   }
   *out = t;
   return Status::Ok();
@@ -107,9 +111,12 @@ Status DeepseekModel::bind_experts(int layer, LayerWeights* w) {
   w->experts.resize(n_exp);
   if (f.find(p + "experts.gate_proj.weight") != nullptr) {
     const TensorView *gate = nullptr, *up = nullptr, *down = nullptr;
-    DS_RETURN_IF_ERROR(bind(p + "experts.gate_proj.weight", {n_exp, inter, hidden}, true, false, &gate));
-    DS_RETURN_IF_ERROR(bind(p + "experts.up_proj.weight", {n_exp, inter, hidden}, true, false, &up));
-    DS_RETURN_IF_ERROR(bind(p + "experts.down_proj.weight", {n_exp, hidden, inter}, true, false, &down));
+    DS_RETURN_IF_ERROR(
+        bind(p + "experts.gate_proj.weight", {n_exp, inter, hidden}, true, false, &gate));
+    DS_RETURN_IF_ERROR(
+        bind(p + "experts.up_proj.weight", {n_exp, inter, hidden}, true, false, &up));
+    DS_RETURN_IF_ERROR(
+        bind(p + "experts.down_proj.weight", {n_exp, hidden, inter}, true, false, &down));
     for (int64_t e = 0; e < n_exp; ++e) {
       w->experts[e].gate = own(row_slice(*gate, e * inter, inter), {});
       w->experts[e].up = own(row_slice(*up, e * inter, inter), {});
@@ -123,8 +130,8 @@ Status DeepseekModel::bind_experts(int layer, LayerWeights* w) {
   // More experts in the file than the config declares is a contradiction too.
   const std::string extra = p + "experts." + std::to_string(n_exp) + ".gate_proj.weight";
   if (f.find(extra) != nullptr) {
-    return corrupt(f.path() + ": tensor '" + extra + "' exists but " + c.source + " declares n_routed_experts " +
-                   std::to_string(n_exp));
+    return corrupt(f.path() + ": tensor '" + extra + "' exists but " + c.source +
+                   " declares n_routed_experts " + std::to_string(n_exp));
   }
   return Status::Ok();
 }
@@ -155,8 +162,8 @@ Status DeepseekModel::build_absorbed(int layer, LayerWeights* w) {
     if (w->kv_b == nullptr) return Status::Ok();
   }
   if (w->kv_b == nullptr) {
-    return not_found(files_->path() + ": tensor '" + p + "kv_b_proj.weight' is missing (required by " + c.source +
-                     ")");
+    return not_found(files_->path() + ": tensor '" + p +
+                     "kv_b_proj.weight' is missing (required by " + c.source + ")");
   }
   if (k_b != nullptr) return Status::Ok();
   const TensorView& kv_b = *w->kv_b;  // [H * (nope + v), r]
@@ -193,7 +200,8 @@ Status DeepseekModel::bind_weights() {
   const DeepseekConfig& c = config_;
   const int64_t hidden = c.hidden_size, H = c.n_heads;
   const int64_t qk = c.qk_head_dim(), r = c.kv_lora_rank, rope = c.qk_rope_head_dim;
-  DS_RETURN_IF_ERROR(bind("model.embed_tokens.weight", {c.vocab_size, hidden}, true, false, &embed_));
+  DS_RETURN_IF_ERROR(
+      bind("model.embed_tokens.weight", {c.vocab_size, hidden}, true, false, &embed_));
   DS_RETURN_IF_ERROR(bind("model.norm.weight", {hidden}, true, true, &final_norm_));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
@@ -208,19 +216,23 @@ Status DeepseekModel::bind_weights() {
     DS_RETURN_IF_ERROR(bind(p + "input_layernorm.weight", {hidden}, true, true, &w.attn_norm));
     if (c.q_lora_rank > 0) {
       DS_RETURN_IF_ERROR(bind(a + "q_a_proj.weight", {c.q_lora_rank, hidden}, true, false, &w.q_a));
-      DS_RETURN_IF_ERROR(bind(a + "q_a_layernorm.weight", {c.q_lora_rank}, true, true, &w.q_a_norm));
+      DS_RETURN_IF_ERROR(
+          bind(a + "q_a_layernorm.weight", {c.q_lora_rank}, true, true, &w.q_a_norm));
       DS_RETURN_IF_ERROR(bind(a + "q_b_proj.weight", {H * qk, c.q_lora_rank}, true, false, &w.q_b));
     } else {
       DS_RETURN_IF_ERROR(bind(a + "q_proj.weight", {H * qk, hidden}, true, false, &w.q_proj));
     }
-    DS_RETURN_IF_ERROR(bind(a + "kv_a_proj_with_mqa.weight", {r + rope, hidden}, true, false, &w.kv_a));
+    DS_RETURN_IF_ERROR(
+        bind(a + "kv_a_proj_with_mqa.weight", {r + rope, hidden}, true, false, &w.kv_a));
     DS_RETURN_IF_ERROR(bind(a + "kv_a_layernorm.weight", {r}, true, true, &w.kv_a_norm));
-    DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), r}, false, false,
-                            &w.kv_b));
+    DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), r},
+                            false, false, &w.kv_b));
     if (w.kv_b == nullptr) can_expand_ = false;
     DS_RETURN_IF_ERROR(build_absorbed(l, &w));
-    DS_RETURN_IF_ERROR(bind(a + "o_proj.weight", {hidden, H * c.v_head_dim}, true, false, &w.o_proj));
-    DS_RETURN_IF_ERROR(bind(p + "post_attention_layernorm.weight", {hidden}, true, true, &w.ffn_norm));
+    DS_RETURN_IF_ERROR(
+        bind(a + "o_proj.weight", {hidden, H * c.v_head_dim}, true, false, &w.o_proj));
+    DS_RETURN_IF_ERROR(
+        bind(p + "post_attention_layernorm.weight", {hidden}, true, true, &w.ffn_norm));
 
     w.moe = c.is_moe_layer(l);
     if (!w.moe) {
@@ -231,16 +243,21 @@ Status DeepseekModel::bind_weights() {
     const TensorView* router = files_->find(p + "mlp.gate.weight");
     if (router != nullptr && router->shape.size() == 2 && router->shape[0] != n_exp) {
       return corrupt(files_->path() + ": tensor '" + p + "mlp.gate.weight' routes to " +
-                     std::to_string(router->shape[0]) + " experts but " + c.source + " declares n_routed_experts " +
-                     std::to_string(n_exp));
+                     std::to_string(router->shape[0]) + " experts but " + c.source +
+                     " declares n_routed_experts " + std::to_string(n_exp));
     }
     DS_RETURN_IF_ERROR(bind(p + "mlp.gate.weight", {n_exp, hidden}, true, false, &w.router));
-    DS_RETURN_IF_ERROR(bind(p + "mlp.gate.e_score_correction_bias", {n_exp}, c.topk_method == TopkMethod::kNoauxTc,
-                            true, &w.router_bias));
+    const TensorView* bias = nullptr;
+    DS_RETURN_IF_ERROR(bind(p + "mlp.gate.e_score_correction_bias", {n_exp},
+                            c.topk_method == TopkMethod::kNoauxTc, true, &bias));
+    if (bias != nullptr) {
+      w.router_bias.resize(n_exp);
+      dequantize_row(bias->dtype, bias->data, w.router_bias.data(), n_exp);
+    }
     DS_RETURN_IF_ERROR(bind_experts(l, &w));
     if (c.n_shared_experts > 0) {
-      DS_RETURN_IF_ERROR(
-          bind_mlp(p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, &w.shared));
+      DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.shared_experts.",
+                                  c.moe_intermediate_size * c.n_shared_experts, &w.shared));
     }
   }
   if (c.num_nextn_predict_layers > 0) {
@@ -255,13 +272,15 @@ Status DeepseekModel::bind_weights() {
 size_t DeepseekModel::active_weight_bytes_per_token() const {
   size_t bytes = lm_head_->n_bytes + final_norm_->n_bytes;
   auto mlp_bytes = [](const Mlp& m) {
-    return (m.gate ? m.gate->n_bytes : 0) + (m.up ? m.up->n_bytes : 0) + (m.down ? m.down->n_bytes : 0);
+    return (m.gate ? m.gate->n_bytes : 0) + (m.up ? m.up->n_bytes : 0) +
+           (m.down ? m.down->n_bytes : 0);
   };
   for (const LayerWeights& w : layers_) {
-    for (const TensorView* t : {w.attn_norm, w.q_proj, w.q_a, w.q_a_norm, w.q_b, w.kv_a, w.kv_a_norm, w.o_proj,
-                                w.ffn_norm, w.router, w.router_bias}) {
+    for (const TensorView* t : {w.attn_norm, w.q_proj, w.q_a, w.q_a_norm, w.q_b, w.kv_a,
+                                w.kv_a_norm, w.o_proj, w.ffn_norm, w.router}) {
       if (t) bytes += t->n_bytes;
     }
+    bytes += w.router_bias.size() * sizeof(float);
     for (const TensorView& t : w.w_uk_t) bytes += t.n_bytes;  // decode: absorbed form
     for (const TensorView& t : w.w_uv) bytes += t.n_bytes;
     if (!w.moe) {
@@ -282,17 +301,19 @@ std::unique_ptr<MlaKvCache> DeepseekModel::new_kv_cache() const {
 //   c_all [n_kv, r] <- latent rows;  kvb [n_kv, H, nope + v] = c_all · kv_bᵀ
 //   k [n_kv, H, nope + rope] = [kvb nope part | k_pe];  v [n_kv, H, v_dim]
 //   att [n, H, v] = attention(q [n, H, qk], k, v)
-void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
-                                    std::span<const int32_t> positions) {
+void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const float* latent,
+                                    int64_t n_kv, std::span<const int32_t> positions) {
   const DeepseekConfig& c = config_;
   Scratch& s = scratch_;
-  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
+  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
+                rope = c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
   s.c_all.resize(n_kv * r);
   s.kvb.resize(n_kv * H * (nope + vd));
   s.k.resize(n_kv * H * qk);
   s.v.resize(n_kv * H * vd);
-  for (int64_t j = 0; j < n_kv; ++j) std::memcpy(&s.c_all[j * r], latent + j * row, r * sizeof(float));
+  for (int64_t j = 0; j < n_kv; ++j)
+    std::memcpy(&s.c_all[j * r], latent + j * row, r * sizeof(float));
   backend_.matmul(*w.kv_b, nullptr, s.c_all.data(), n_kv, s.kvb.data());
   for (int64_t j = 0; j < n_kv; ++j) {
     const float* k_pe = latent + j * row + r;
@@ -305,8 +326,8 @@ void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const floa
     }
   }
   backend_.attention(s.q.data(), s.k.data(), s.v.data(), s.att.data(), n, positions.data(), n_kv,
-                     static_cast<int>(H), static_cast<int>(H), static_cast<int>(qk), static_cast<int>(vd),
-                     c.softmax_scale());
+                     static_cast<int>(H), static_cast<int>(H), static_cast<int>(qk),
+                     static_cast<int>(vd), c.softmax_scale());
 }
 
 // Absorbed MLA, attending in the latent space:
@@ -314,18 +335,20 @@ void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const floa
 //   out_lat [n, H, r + rope] = attention(q_abs, latent, latent) with ONE kv head
 //     (the value is the whole cached row; its last rope values are dropped)
 //   att_h [n, v] = out_lat_h[:, :r] · W_UV_hᵀ
-void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
-                                    std::span<const int32_t> positions) {
+void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n, const float* latent,
+                                    int64_t n_kv, std::span<const int32_t> positions) {
   const DeepseekConfig& c = config_;
   Scratch& s = scratch_;
-  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
+  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
+                rope = c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
   s.q_abs.resize(n * H * row);
   s.out_lat.resize(n * H * row);
   s.tmp_in.resize(n * std::max(nope, r));
   s.tmp_out.resize(n * std::max(r, vd));
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) std::memcpy(&s.tmp_in[t * nope], &s.q[(t * H + h) * qk], nope * sizeof(float));
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(&s.tmp_in[t * nope], &s.q[(t * H + h) * qk], nope * sizeof(float));
     backend_.matmul(w.w_uk_t[h], nullptr, s.tmp_in.data(), n, s.tmp_out.data());  // [n, r]
     for (int64_t t = 0; t < n; ++t) {
       float* dst = &s.q_abs[(t * H + h) * row];
@@ -334,18 +357,21 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n, const floa
     }
   }
   backend_.attention(s.q_abs.data(), latent, latent, s.out_lat.data(), n, positions.data(), n_kv,
-                     static_cast<int>(H), 1, static_cast<int>(row), static_cast<int>(row), c.softmax_scale());
+                     static_cast<int>(H), 1, static_cast<int>(row), static_cast<int>(row),
+                     c.softmax_scale());
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) std::memcpy(&s.tmp_in[t * r], &s.out_lat[(t * H + h) * row], r * sizeof(float));
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(&s.tmp_in[t * r], &s.out_lat[(t * H + h) * row], r * sizeof(float));
     backend_.matmul(w.w_uv[h], nullptr, s.tmp_in.data(), n, s.tmp_out.data());  // [n, v]
-    for (int64_t t = 0; t < n; ++t) std::memcpy(&s.att[(t * H + h) * vd], &s.tmp_out[t * vd], vd * sizeof(float));
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(&s.att[(t * H + h) * vd], &s.tmp_out[t * vd], vd * sizeof(float));
   }
 }
 
 // MLA for one layer: s.xb [n, hidden] (normed) -> s.att [n, H * v]; stores the
 // batch's latents in `kv`.
-void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> positions, MlaKvCache& kv,
-                              bool absorbed) {
+void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> positions,
+                              MlaKvCache& kv, bool absorbed) {
   const DeepseekConfig& c = config_;
   const LayerWeights& w = layers_[layer];
   Scratch& s = scratch_;
@@ -362,18 +388,20 @@ void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> pos
   }
   // Rotate q_pe: the rope dims of each head start `nope` floats in, so view q from
   // there with the full head stride.
-  backend_.rope(s.q.data() + nope, n, static_cast<int>(H), static_cast<int>(c.qk_head_dim()), positions.data(),
-                rope, c.rope_interleaved);
+  backend_.rope(s.q.data() + nope, n, static_cast<int>(H), static_cast<int>(c.qk_head_dim()),
+                positions.data(), rope, c.rope_interleaved);
 
   // kva [n, r + rope] = [c | k_pe]; c normed, k_pe rotated; rows go to the cache.
   backend_.matmul(*w.kv_a, nullptr, s.xb.data(), n, s.kva.data());
   for (int64_t t = 0; t < n; ++t) {
     backend_.rms_norm(&s.kva[t * row], *w.kv_a_norm, c.rms_norm_eps, 1, r, &s.kva[t * row]);
   }
-  backend_.rope(s.kva.data() + r, n, 1, static_cast<int>(row), positions.data(), rope, c.rope_interleaved);
+  backend_.rope(s.kva.data() + r, n, 1, static_cast<int>(row), positions.data(), rope,
+                c.rope_interleaved);
   float* latent = kv.latent(layer);  // [capacity, r + rope]
   for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(latent + static_cast<int64_t>(positions[t]) * row, &s.kva[t * row], row * sizeof(float));
+    std::memcpy(latent + static_cast<int64_t>(positions[t]) * row, &s.kva[t * row],
+                row * sizeof(float));
   }
   const int64_t n_kv = static_cast<int64_t>(positions.back()) + 1;
   if (absorbed) {
@@ -383,8 +411,8 @@ void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> pos
   }
 }
 
-Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, MlaKvCache& kv,
-                              LogitsFor which, std::vector<float>* logits) {
+Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                              MlaKvCache& kv, LogitsFor which, std::vector<float>* logits) {
   const DeepseekConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return invalid_argument("forward: empty batch");
@@ -394,23 +422,32 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
   }
   for (int64_t t = 0; t < n; ++t) {
     if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
-      return invalid_argument("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
-                              std::to_string(c.vocab_size) + ")");
+      return invalid_argument("token id " + std::to_string(tokens[t]) +
+                              " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                              ")");
     }
     if (positions[t] != kv.n_tokens() + t) {
-      return invalid_argument("forward: positions must continue the sequence at " + std::to_string(kv.n_tokens()));
+      return invalid_argument("forward: positions must continue the sequence at " +
+                              std::to_string(kv.n_tokens()));
     }
   }
   const int64_t end = kv.n_tokens() + n;
   if (end > max_context_ || end > kv.capacity()) {
-    return invalid_argument("sequence of " + std::to_string(end) + " tokens exceeds the context of " +
+    return invalid_argument("sequence of " + std::to_string(end) +
+                            " tokens exceeds the context of " +
                             std::to_string(std::min(max_context_, kv.capacity())) + " tokens");
   }
   bool absorbed = true;
   switch (path_) {
-    case MlaPath::kAuto: absorbed = n == 1 || !can_expand_; break;
-    case MlaPath::kExpanded: absorbed = !can_expand_; break;
-    case MlaPath::kAbsorbed: absorbed = true; break;
+    case MlaPath::kAuto:
+      absorbed = n == 1 || !can_expand_;
+      break;
+    case MlaPath::kExpanded:
+      absorbed = !can_expand_;
+      break;
+    case MlaPath::kAbsorbed:
+      absorbed = true;
+      break;
   }
 
   const int64_t hidden = c.hidden_size, H = c.n_heads;
@@ -447,7 +484,8 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
   const int64_t first = which == LogitsFor::kLast ? n - 1 : 0;
   const int64_t n_out = n - first;
   // xb [n_out, hidden] = rms_norm(x[first:]); logits [n_out, vocab] = xb · lm_headᵀ
-  backend_.rms_norm(s.x.data() + first * hidden, *final_norm_, c.rms_norm_eps, n_out, hidden, s.xb.data());
+  backend_.rms_norm(s.x.data() + first * hidden, *final_norm_, c.rms_norm_eps, n_out, hidden,
+                    s.xb.data());
   logits->resize(static_cast<size_t>(n_out * c.vocab_size));
   backend_.matmul(*lm_head_, nullptr, s.xb.data(), n_out, logits->data());
   return Status::Ok();

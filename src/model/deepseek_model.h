@@ -68,8 +68,9 @@ class DeepseekModel {
  public:
   // Takes ownership of the files. The backend must outlive the model. max_context:
   // the longest sequence forward() will see; 0 means max_position_embeddings.
-  static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<ModelFiles> files, Backend& backend,
-                                                     int64_t max_context = 0, MlaPath path = MlaPath::kAuto);
+  static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<ModelFiles> files,
+                                                     Backend& backend, int64_t max_context = 0,
+                                                     MlaPath path = MlaPath::kAuto);
   ~DeepseekModel();
   DeepseekModel(const DeepseekModel&) = delete;
   DeepseekModel& operator=(const DeepseekModel&) = delete;
@@ -85,14 +86,14 @@ class DeepseekModel {
 
   // As LlamaModel::forward: tokens[n] at positions kv.n_tokens() ... continue the
   // sequence in `kv`; logits [n_out, vocab_size] for the last or every token.
-  Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, MlaKvCache& kv,
-                 LogitsFor which, std::vector<float>* logits);
+  Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                 MlaKvCache& kv, LogitsFor which, std::vector<float>* logits);
 
   const MoeStats& moe_stats() const { return moe_stats_; }
   void reset_moe_stats() { moe_stats_ = {}; }
 
  private:
-  struct Mlp {  // SwiGLU: down(silu(gate x) * up x)
+  struct Mlp {                         // SwiGLU: down(silu(gate x) * up x)
     const TensorView* gate = nullptr;  // [inter, hidden]
     const TensorView* up = nullptr;    // [inter, hidden]
     const TensorView* down = nullptr;  // [hidden, inter]
@@ -111,28 +112,28 @@ class DeepseekModel {
     const TensorView* o_proj = nullptr;     // [hidden, H * v]
     const TensorView* ffn_norm = nullptr;   // [hidden]
     bool moe = false;
-    Mlp dense;                              // !moe
-    const TensorView* router = nullptr;     // [E, hidden]           (moe)
-    const TensorView* router_bias = nullptr;  // [E] e_score_correction_bias or null
-    std::vector<Mlp> experts;               // [E]                   (moe)
-    Mlp shared;                             // n_shared_experts > 0  (moe)
+    Mlp dense;                           // !moe
+    const TensorView* router = nullptr;  // [E, hidden]           (moe)
+    std::vector<float> router_bias;      // [E] e_score_correction_bias, or empty
+    std::vector<Mlp> experts;            // [E]                   (moe)
+    Mlp shared;                          // n_shared_experts > 0  (moe)
   };
   struct Scratch {
-    std::vector<float> x, xb;      // [n, hidden]
-    std::vector<float> qa;         // [n, q_lora]
-    std::vector<float> q;          // [n, H, qk]
-    std::vector<float> kva;        // [n, r + rope]
-    std::vector<float> att;        // [n, H * v]
-    std::vector<float> c_all;      // [n_kv, r]              expanded
-    std::vector<float> kvb;        // [n_kv, H * (nope + v)] expanded
-    std::vector<float> k, v;       // [n_kv, H, qk], [n_kv, H, v] expanded
-    std::vector<float> q_abs;      // [n, H, r + rope]       absorbed
-    std::vector<float> out_lat;    // [n, H, r + rope]       absorbed
-    std::vector<float> tmp_in, tmp_out;  // per-head gathers
-    std::vector<float> gate, up;   // [rows, inter]
-    std::vector<float> moe_out;    // [n, hidden]
+    std::vector<float> x, xb;                  // [n, hidden]
+    std::vector<float> qa;                     // [n, q_lora]
+    std::vector<float> q;                      // [n, H, qk]
+    std::vector<float> kva;                    // [n, r + rope]
+    std::vector<float> att;                    // [n, H * v]
+    std::vector<float> c_all;                  // [n_kv, r]              expanded
+    std::vector<float> kvb;                    // [n_kv, H * (nope + v)] expanded
+    std::vector<float> k, v;                   // [n_kv, H, qk], [n_kv, H, v] expanded
+    std::vector<float> q_abs;                  // [n, H, r + rope]       absorbed
+    std::vector<float> out_lat;                // [n, H, r + rope]       absorbed
+    std::vector<float> tmp_in, tmp_out;        // per-head gathers
+    std::vector<float> gate, up;               // [rows, inter]
+    std::vector<float> moe_out;                // [n, hidden]
     std::vector<float> expert_in, expert_out;  // [rows, hidden]
-    std::vector<float> router;     // [n, E]
+    std::vector<float> router;                 // [n, E]
   };
   struct OwnedTensor;
 
@@ -140,14 +141,15 @@ class DeepseekModel {
   Status bind_weights();
   // The tensor `name` with the expected shape, converted from FP8 if needed; null and
   // OK when absent and not required.
-  Status bind(const std::string& name, const std::vector<int64_t>& expected, bool required, bool float_only,
-              const TensorView** out);
+  Status bind(const std::string& name, const std::vector<int64_t>& expected, bool required,
+              bool float_only, const TensorView** out);
   Status bind_mlp(const std::string& prefix, int64_t inter, Mlp* out);
   Status bind_experts(int layer, LayerWeights* w);
   Status build_absorbed(int layer, LayerWeights* w);
   const TensorView* own(TensorView view, std::vector<uint8_t> bytes);
 
-  void attention(int layer, int64_t n, std::span<const int32_t> positions, MlaKvCache& kv, bool absorbed);
+  void attention(int layer, int64_t n, std::span<const int32_t> positions, MlaKvCache& kv,
+                 bool absorbed);
   void attend_expanded(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
                        std::span<const int32_t> positions);
   void attend_absorbed(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
@@ -157,7 +159,8 @@ class DeepseekModel {
   // s.xb[n, hidden] -> s.moe_out[n, hidden] (routed + shared experts).
   void run_moe(const LayerWeights& w, int64_t n);
   // Router: for each token, n_experts_per_tok (expert, weight) pairs.
-  void route(const LayerWeights& w, int64_t n, std::vector<int32_t>* ids, std::vector<float>* weights);
+  void route(const LayerWeights& w, int64_t n, std::vector<int32_t>* ids,
+             std::vector<float>* weights);
 
   std::unique_ptr<ModelFiles> files_;
   Backend& backend_;

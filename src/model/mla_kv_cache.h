@@ -36,7 +36,9 @@ class MlaKvCache {
   float* latent(int layer) { return data_ + static_cast<int64_t>(layer) * capacity_ * row_dim_; }
 
   // (kv_lora_rank + qk_rope_head_dim) x layers x sizeof(float).
-  size_t bytes_per_token() const { return static_cast<size_t>(n_layers_) * row_dim_ * sizeof(float); }
+  size_t bytes_per_token() const {
+    return static_cast<size_t>(n_layers_) * row_dim_ * sizeof(float);
+  }
   size_t total_bytes() const { return bytes_; }
 
  private:

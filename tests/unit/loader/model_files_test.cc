@@ -131,7 +131,7 @@ TEST(ModelFiles, GgufNamesAreMapped) {
         "blk.0.attn_q.weight", "blk.0.attn_q.bias", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
         "blk.0.attn_output.weight", "blk.0.ffn_norm.weight", "blk.11.ffn_gate.weight",
         "blk.11.ffn_up.weight", "blk.11.ffn_down.weight", "rope_freqs.weight",
-        "blk.0.exp_probs_b.bias"}) {
+        "blk.0.nextn.eh_proj.weight"}) {
     b.f32_tensor(name, {4});
   }
   write_file(dir + "/m.gguf", b.build());
@@ -146,7 +146,7 @@ TEST(ModelFiles, GgufNamesAreMapped) {
   std::vector<std::string> names;
   for (const auto& [name, t] : m.tensors()) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{
-                       "blk.0.exp_probs_b.bias",
+                       "blk.0.nextn.eh_proj.weight",
                        "lm_head.weight",
                        "model.embed_tokens.weight",
                        "model.layers.0.input_layernorm.weight",

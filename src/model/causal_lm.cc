@@ -1,0 +1,110 @@
+#include "model/causal_lm.h"
+
+#include "model/config.h"
+#include "model/deepseek_config.h"
+#include "model/deepseek_model.h"
+#include "model/kv_cache.h"
+
+namespace dserve {
+namespace {
+
+template <typename Cache>
+class CacheAdapter final : public SequenceCache {
+ public:
+  explicit CacheAdapter(std::unique_ptr<Cache> cache) : cache_(std::move(cache)) {}
+  int64_t n_tokens() const override { return cache_->n_tokens(); }
+  int64_t capacity() const override { return cache_->capacity(); }
+  void clear() override { cache_->clear(); }
+  size_t bytes_per_token() const override { return cache_->bytes_per_token(); }
+  size_t total_bytes() const override { return cache_->total_bytes(); }
+  Cache& get() { return *cache_; }
+
+ private:
+  std::unique_ptr<Cache> cache_;
+};
+
+class LlamaLm final : public CausalLm {
+ public:
+  LlamaLm(std::unique_ptr<LlamaModel> model, ModelInfo info)
+      : model_(std::move(model)), info_(std::move(info)) {}
+  const ModelInfo& info() const override { return info_; }
+  std::unique_ptr<SequenceCache> new_cache() const override {
+    return std::make_unique<CacheAdapter<KvCache>>(model_->new_kv_cache());
+  }
+  Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                 SequenceCache& cache, LogitsFor which, std::vector<float>* logits) override {
+    return model_->forward(tokens, positions, static_cast<CacheAdapter<KvCache>&>(cache).get(),
+                           which, logits);
+  }
+  size_t weight_bytes_per_token() const override { return model_->weight_bytes_per_token(); }
+  std::string stats() const override { return {}; }
+
+ private:
+  std::unique_ptr<LlamaModel> model_;
+  ModelInfo info_;
+};
+
+class DeepseekLm final : public CausalLm {
+ public:
+  DeepseekLm(std::unique_ptr<DeepseekModel> model, ModelInfo info)
+      : model_(std::move(model)), info_(std::move(info)) {}
+  const ModelInfo& info() const override { return info_; }
+  std::unique_ptr<SequenceCache> new_cache() const override {
+    return std::make_unique<CacheAdapter<MlaKvCache>>(model_->new_kv_cache());
+  }
+  Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                 SequenceCache& cache, LogitsFor which, std::vector<float>* logits) override {
+    return model_->forward(tokens, positions, static_cast<CacheAdapter<MlaKvCache>&>(cache).get(),
+                           which, logits);
+  }
+  size_t weight_bytes_per_token() const override { return model_->active_weight_bytes_per_token(); }
+  std::string stats() const override {
+    const MoeStats& s = model_->moe_stats();
+    if (model_->config().n_routed_experts == 0) return {};
+    return "moe: " + std::to_string(s.routed_slots) + " routed slots, " +
+           std::to_string(s.expert_runs) + " expert runs over " + std::to_string(s.expert_rows) +
+           " rows, " + std::to_string(s.expert_idle) + " idle experts skipped";
+  }
+
+ private:
+  std::unique_ptr<DeepseekModel> model_;
+  ModelInfo info_;
+};
+
+}  // namespace
+
+Result<ModelInfo> read_model_info(const ModelFiles& files) {
+  ModelInfo info;
+  if (is_deepseek_model(files)) {
+    DS_ASSIGN_OR_RETURN(DeepseekConfig c, DeepseekConfig::from_model_files(files));
+    info.architecture =
+        c.version == DeepseekVersion::kV3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM";
+    info.vocab_size = c.vocab_size;
+    info.max_position_embeddings = c.max_position_embeddings;
+    info.bos_id = c.bos_id;
+    info.eos_ids = c.eos_ids;
+    return info;
+  }
+  DS_ASSIGN_OR_RETURN(ModelConfig c, ModelConfig::from_model_files(files));
+  info.architecture = std::string(architecture_name(c.arch));
+  info.vocab_size = c.vocab_size;
+  info.max_position_embeddings = c.max_position_embeddings;
+  info.bos_id = c.bos_id;
+  info.eos_ids = c.eos_ids;
+  return info;
+}
+
+Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
+                                                 Backend& backend, int64_t max_context) {
+  DS_ASSIGN_OR_RETURN(ModelInfo info, read_model_info(*files));
+  if (is_deepseek_model(*files)) {
+    DS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m,
+                        DeepseekModel::load(std::move(files), backend, max_context));
+    return std::unique_ptr<CausalLm>(new DeepseekLm(std::move(m), std::move(info)));
+  }
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m,
+                      LlamaModel::load(std::move(files), backend, max_context));
+  return std::unique_ptr<CausalLm>(new LlamaLm(std::move(m), std::move(info)));
+}
+
+}  // namespace dserve

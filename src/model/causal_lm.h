@@ -1,0 +1,64 @@
+// CausalLm: what a caller (the CLI today, the engine later) needs from any
+// decoder-only model, whatever its architecture: its vocabulary and context, a
+// per-sequence cache, and forward(). load_causal_lm() picks the architecture from the
+// model files (config.json architectures / model_type, or GGUF general.architecture):
+// LlamaModel for Llama and Qwen2, DeepseekModel for DeepSeek-V2/V3 (GGUF deepseek2).
+//
+// Thread-safety: as the wrapped models: drive one CausalLm from one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "base/status.h"
+#include "loader/model_files.h"
+#include "model/llama_model.h"  // LogitsFor
+
+namespace dserve {
+
+// The architecture-independent facts about a model, read from its files.
+struct ModelInfo {
+  std::string architecture;  // "LlamaForCausalLM", "DeepseekV3ForCausalLM", ...
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  int32_t bos_id = -1;
+  std::vector<int32_t> eos_ids;
+};
+Result<ModelInfo> read_model_info(const ModelFiles& files);
+
+// The cached state of one sequence (a KvCache, an MlaKvCache, ...).
+class SequenceCache {
+ public:
+  virtual ~SequenceCache() = default;
+  virtual int64_t n_tokens() const = 0;  // positions [0, n_tokens()) are cached
+  virtual int64_t capacity() const = 0;
+  virtual void clear() = 0;
+  virtual size_t bytes_per_token() const = 0;
+  virtual size_t total_bytes() const = 0;
+};
+
+class CausalLm {
+ public:
+  virtual ~CausalLm() = default;
+  virtual const ModelInfo& info() const = 0;
+  // A cache with room for the context the model was loaded with.
+  virtual std::unique_ptr<SequenceCache> new_cache() const = 0;
+  // As LlamaModel::forward; `cache` must come from this model's new_cache().
+  virtual Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                         SequenceCache& cache, LogitsFor which, std::vector<float>* logits) = 0;
+  // Weight bytes one decode step reads (for MoE: the active experts only).
+  virtual size_t weight_bytes_per_token() const = 0;
+  // One line of architecture-specific counters for logs (MoE expert use); may be empty.
+  virtual std::string stats() const = 0;
+};
+
+// max_context: the longest sequence forward() will see; 0 means the model's own.
+Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
+                                                 Backend& backend, int64_t max_context);
+
+}  // namespace dserve

@@ -1,0 +1,165 @@
+// DeepseekModel's feed-forward half: the SwiGLU MLP (dense layers, shared experts,
+// each routed expert) and DeepSeekMoE routing and dispatch.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "base/check.h"
+#include "model/deepseek_model.h"
+
+namespace dserve {
+
+void DeepseekModel::run_mlp(const Mlp& mlp, int64_t inter, const float* in, int64_t rows,
+                            float* out) {
+  Scratch& s = scratch_;
+  s.gate.resize(rows * inter);
+  s.up.resize(rows * inter);
+  // gate, up [rows, inter]; gate = silu(gate) * up; out [rows, hidden] = gate · downᵀ
+  backend_.matmul(*mlp.gate, nullptr, in, rows, s.gate.data());
+  backend_.matmul(*mlp.up, nullptr, in, rows, s.up.data());
+  backend_.silu_mul(s.gate.data(), s.up.data(), rows * inter, s.gate.data());
+  backend_.matmul(*mlp.down, nullptr, s.gate.data(), rows, out);
+}
+
+// The router, as DeepSeek's MoEGate and transformers' DeepseekV2/V3TopkRouter:
+//   scores = softmax(logits) or sigmoid(logits)                         [E]
+//   choice = scores + e_score_correction_bias (if the layer has one)
+//   greedy:                top-k of choice over all experts
+//   group_limited_greedy:  keep the topk_group groups with the largest max(choice)
+//   noaux_tc:              keep the topk_group groups with the largest sum of their
+//                          two best choices; then top-k of choice in kept groups
+//   weights = scores at the chosen experts (unbiased), / their sum if norm_topk_prob
+//             (+1e-20), times routed_scaling_factor.
+// ids, weights: [n, k].
+void DeepseekModel::route(const LayerWeights& w, int64_t n, std::vector<int32_t>* ids,
+                          std::vector<float>* weights) {
+  const DeepseekConfig& c = config_;
+  Scratch& s = scratch_;
+  const int E = c.n_routed_experts, k = c.n_experts_per_tok;
+  const int n_group = c.topk_method == TopkMethod::kGreedy ? 1 : c.n_group;
+  const int group_size = E / n_group;
+  s.router.resize(n * E);
+  // router logits [n, E] = xb · gateᵀ (in FP32, as the reference)
+  backend_.matmul(*w.router, nullptr, s.xb.data(), n, s.router.data());
+  const float* bias = w.router_bias.empty() ? nullptr : w.router_bias.data();
+  ids->resize(n * k);
+  weights->resize(n * k);
+  std::vector<float> scores(E), choice(E), group_score(n_group);
+  std::vector<int> order(std::max(E, n_group));
+  std::vector<char> allowed(E);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* logit = &s.router[t * E];
+    if (c.scoring_func == ScoringFunc::kSoftmax) {
+      const float mx = *std::max_element(logit, logit + E);
+      float sum = 0;
+      for (int e = 0; e < E; ++e) sum += scores[e] = std::exp(logit[e] - mx);
+      for (int e = 0; e < E; ++e) scores[e] /= sum;
+    } else {
+      for (int e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logit[e]));
+    }
+    for (int e = 0; e < E; ++e) choice[e] = bias ? scores[e] + bias[e] : scores[e];
+
+    std::fill(allowed.begin(), allowed.end(), 1);
+    if (c.topk_method != TopkMethod::kGreedy) {
+      for (int g = 0; g < n_group; ++g) {
+        const float* gc = &choice[g * group_size];
+        if (c.topk_method == TopkMethod::kGroupLimitedGreedy) {
+          group_score[g] = *std::max_element(gc, gc + group_size);
+        } else {  // noaux_tc: sum of the group's two best
+          float a = -INFINITY, b = -INFINITY;
+          for (int i = 0; i < group_size; ++i) {
+            if (gc[i] > a) {
+              b = a;
+              a = gc[i];
+            } else if (gc[i] > b) {
+              b = gc[i];
+            }
+          }
+          group_score[g] = a + b;
+        }
+      }
+      std::iota(order.begin(), order.begin() + n_group, 0);
+      std::partial_sort(
+          order.begin(), order.begin() + c.topk_group, order.begin() + n_group, [&](int a, int b) {
+            return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
+          });
+      std::fill(allowed.begin(), allowed.end(), 0);
+      for (int i = 0; i < c.topk_group; ++i) {
+        std::fill_n(allowed.begin() + order[i] * group_size, group_size, 1);
+      }
+    }
+    std::iota(order.begin(), order.begin() + E, 0);
+    auto better = [&](int a, int b) {
+      if (allowed[a] != allowed[b]) return allowed[a] > allowed[b];
+      return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+    };
+    std::partial_sort(order.begin(), order.begin() + k, order.begin() + E, better);
+    float sum = 0;
+    for (int i = 0; i < k; ++i) {
+      (*ids)[t * k + i] = order[i];
+      sum += (*weights)[t * k + i] = scores[order[i]];
+    }
+    const float norm = c.norm_topk_prob ? 1.0f / (sum + 1e-20f) : 1.0f;
+    for (int i = 0; i < k; ++i) (*weights)[t * k + i] *= norm * c.routed_scaling_factor;
+  }
+}
+
+// s.xb [n, hidden] -> s.moe_out [n, hidden]. Tokens are bucketed by expert; each
+// expert with at least one token runs once over its rows (gathered into one
+// contiguous batch), and its output is scattered back scaled by the routing weight.
+void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
+  const DeepseekConfig& c = config_;
+  Scratch& s = scratch_;
+  const int E = c.n_routed_experts, k = c.n_experts_per_tok;
+  const int64_t hidden = c.hidden_size;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  route(w, n, &ids, &weights);
+
+  // Counting sort of the n * k (token, weight) slots by expert.
+  std::vector<int64_t> start(E + 1, 0);
+  for (int32_t e : ids) ++start[e + 1];
+  for (int e = 0; e < E; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> slot_token(n * k);
+  std::vector<float> slot_weight(n * k);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < n * k; ++i) {
+    const int64_t at = fill[ids[i]]++;
+    slot_token[at] = i / k;
+    slot_weight[at] = weights[i];
+  }
+
+  std::fill(s.moe_out.begin(), s.moe_out.begin() + n * hidden, 0.0f);
+  moe_stats_.routed_slots += n * k;
+  for (int e = 0; e < E; ++e) {
+    const int64_t m = start[e + 1] - start[e];
+    if (m == 0) {
+      ++moe_stats_.expert_idle;
+      continue;
+    }
+    ++moe_stats_.expert_runs;
+    moe_stats_.expert_rows += m;
+    s.expert_in.resize(m * hidden);
+    s.expert_out.resize(m * hidden);
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(&s.expert_in[i * hidden], &s.xb[slot_token[start[e] + i] * hidden],
+                  hidden * sizeof(float));
+    }
+    run_mlp(w.experts[e], c.moe_intermediate_size, s.expert_in.data(), m, s.expert_out.data());
+    for (int64_t i = 0; i < m; ++i) {
+      const float wt = slot_weight[start[e] + i];
+      float* dst = &s.moe_out[slot_token[start[e] + i] * hidden];
+      const float* src = &s.expert_out[i * hidden];
+      for (int64_t d = 0; d < hidden; ++d) dst[d] += wt * src[d];
+    }
+  }
+  if (c.n_shared_experts > 0) {
+    s.expert_out.resize(n * hidden);
+    run_mlp(w.shared, c.moe_intermediate_size * c.n_shared_experts, s.xb.data(), n,
+            s.expert_out.data());
+    backend_.add_inplace(s.moe_out.data(), s.expert_out.data(), n * hidden);
+  }
+}
+
+}  // namespace dserve
