@@ -31,7 +31,7 @@ import transformers
 VOCAB = 512
 PROMPT_LEN = 64
 GEN_LEN = 32
-FIXTURE_VERSION = 4  # bump when the way checkpoints or references are made changes
+FIXTURE_VERSION = 5  # bump when the way checkpoints or references are made changes
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 YARN_MSCALE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
@@ -106,8 +106,10 @@ def _reference(model, prompt):
     logprobs = torch.log_softmax(logits, dim=-1)
     scored = logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]
     top2 = logits.topk(2, dim=-1).values
-    out = model.generate(ids, max_new_tokens=GEN_LEN, do_sample=False, eos_token_id=None,
-                         pad_token_id=0)
+    # An explicit mask: without one, generate() treats prompt tokens equal to the pad id
+    # as padding and masks them out.
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GEN_LEN,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
     return {
         "logprobs": scored.tolist(),                 # log p(prompt[i] | prompt[:i]), i = 1..63
         "top1": logits.argmax(-1).tolist(),          # top-1 after each prefix
