@@ -6,6 +6,7 @@
 
 #include "loader/gguf_file.h"
 #include "loader/model_files.h"
+#include "model/json_fields.h"
 
 namespace dserve {
 
@@ -37,92 +38,6 @@ namespace {
 
 constexpr std::string_view kSupportedHf = "LlamaForCausalLM, Qwen2ForCausalLM";
 
-// Typed field readers for config.json. A missing optional field keeps `out`; a
-// field of the wrong type is an error naming the file and key. JSON null counts as
-// absent, as transformers treats it.
-class JsonReader {
- public:
-  JsonReader(const nlohmann::json& j, const std::string& source) : j_(j), source_(source) {}
-
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-
-  Status get_int(const char* key, int64_t* out, bool required) const {
-    if (!has(key)) return required ? missing(key) : Status::Ok();
-    const auto& v = j_[key];
-    if (v.is_number_integer()) {
-      *out = v.get<int64_t>();
-      return Status::Ok();
-    }
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-      *out = static_cast<int64_t>(v.get<double>());
-      return Status::Ok();
-    }
-    return corrupt(source_ + ": '" + key + "' must be an integer, got " + v.dump());
-  }
-  Status get_int(const char* key, int* out, bool required) const {
-    int64_t v = *out;
-    DS_RETURN_IF_ERROR(get_int(key, &v, required));
-    if (v < INT32_MIN || v > INT32_MAX) return corrupt(source_ + ": '" + key + "' out of range");
-    *out = static_cast<int>(v);
-    return Status::Ok();
-  }
-  Status get_double(const char* key, double* out, bool required) const {
-    if (!has(key)) return required ? missing(key) : Status::Ok();
-    const auto& v = j_[key];
-    if (!v.is_number())
-      return corrupt(source_ + ": '" + key + "' must be a number, got " + v.dump());
-    *out = v.get<double>();
-    return Status::Ok();
-  }
-  Status get_optional_double(const char* key, std::optional<double>* out) const {
-    if (!has(key)) return Status::Ok();
-    double v = 0;
-    DS_RETURN_IF_ERROR(get_double(key, &v, true));
-    *out = v;
-    return Status::Ok();
-  }
-  Status get_bool(const char* key, bool* out) const {
-    if (!has(key)) return Status::Ok();
-    const auto& v = j_[key];
-    if (!v.is_boolean())
-      return corrupt(source_ + ": '" + key + "' must be true or false, got " + v.dump());
-    *out = v.get<bool>();
-    return Status::Ok();
-  }
-  Status get_string(const char* key, std::string* out) const {
-    if (!has(key)) return Status::Ok();
-    const auto& v = j_[key];
-    if (!v.is_string())
-      return corrupt(source_ + ": '" + key + "' must be a string, got " + v.dump());
-    *out = v.get<std::string>();
-    return Status::Ok();
-  }
-  // An int or a list of ints (eos_token_id may be either).
-  Status get_id_list(const char* key, std::vector<int32_t>* out) const {
-    if (!has(key)) return Status::Ok();
-    const auto& v = j_[key];
-    std::vector<int32_t> ids;
-    if (v.is_number_integer()) {
-      ids.push_back(v.get<int32_t>());
-    } else if (v.is_array()) {
-      for (const auto& e : v) {
-        if (!e.is_number_integer()) return corrupt(source_ + ": '" + key + "' must hold integers");
-        ids.push_back(e.get<int32_t>());
-      }
-    } else {
-      return corrupt(source_ + ": '" + key + "' must be an integer or a list, got " + v.dump());
-    }
-    *out = std::move(ids);
-    return Status::Ok();
-  }
-
- private:
-  Status missing(const char* key) const {
-    return corrupt(source_ + ": required field '" + key + "' is missing");
-  }
-  const nlohmann::json& j_;
-  const std::string& source_;
-};
 
 // Reads transformers' RoPE parameters. transformers 5 saves them as
 // `rope_parameters` (with rope_theta inside); older files have `rope_scaling` and a
@@ -130,7 +45,7 @@ class JsonReader {
 // standardize_rope_params() would produce.
 Status parse_hf_rope(const nlohmann::json& config, const std::string& source, int64_t max_pos,
                      int head_dim, RopeConfig* rope) {
-  JsonReader top(config, source);
+  JsonFields top(config, source);
   nlohmann::json params = nlohmann::json::object();
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     if (!top.has(key)) continue;
@@ -138,7 +53,7 @@ Status parse_hf_rope(const nlohmann::json& config, const std::string& source, in
     for (const auto& [k, v] : config[key].items()) params[k] = v;
   }
   const std::string rope_source = source + " rope_parameters";
-  JsonReader r(params, rope_source);
+  JsonFields r(params, rope_source);
 
   rope->theta = 10000.0;
   DS_RETURN_IF_ERROR(top.get_double("rope_theta", &rope->theta, false));
@@ -214,7 +129,7 @@ Result<ModelConfig> ModelConfig::from_hf_json(const nlohmann::json& config,
                                               const nlohmann::json* generation_config,
                                               std::string source) {
   if (!config.is_object()) return corrupt(source + ": not a JSON object");
-  JsonReader r(config, source);
+  JsonFields r(config, source);
   ModelConfig c;
   c.source = source;
 
@@ -284,7 +199,7 @@ Result<ModelConfig> ModelConfig::from_hf_json(const nlohmann::json& config,
   DS_RETURN_IF_ERROR(r.get_int("bos_token_id", &bos, false));
   DS_RETURN_IF_ERROR(r.get_id_list("eos_token_id", &c.eos_ids));
   if (generation_config && generation_config->is_object()) {
-    JsonReader g(*generation_config, "generation_config.json");
+    JsonFields g(*generation_config, "generation_config.json");
     DS_RETURN_IF_ERROR(g.get_int("bos_token_id", &bos, false));
     DS_RETURN_IF_ERROR(g.get_id_list("eos_token_id", &c.eos_ids));
   }

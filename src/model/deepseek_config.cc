@@ -1,5 +1,7 @@
 #include "model/deepseek_config.h"
 
+#include "model/json_fields.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -40,91 +42,10 @@ double yarn_mscale(double scale, double mscale) {
   return 0.1 * mscale * std::log(scale) + 1.0;
 }
 
-// Typed readers over one JSON object; null counts as absent (as in transformers).
-class Fields {
- public:
-  Fields(const nlohmann::json& j, const std::string& source) : j_(j), source_(source) {}
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-
-  template <typename Int>
-  Status get_int(const char* key, Int* out, bool required) const {
-    if (!has(key)) return required ? missing(key) : Status::Ok();
-    const auto& v = j_[key];
-    double d = 0;
-    if (v.is_number_integer()) {
-      d = static_cast<double>(v.get<int64_t>());
-    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-      d = v.get<double>();
-    } else {
-      return corrupt(source_ + ": '" + key + "' must be an integer, got " + v.dump());
-    }
-    if (d < static_cast<double>(std::numeric_limits<Int>::min()) ||
-        d > static_cast<double>(std::numeric_limits<Int>::max())) {
-      return corrupt(source_ + ": '" + key + "' out of range");
-    }
-    *out = static_cast<Int>(d);
-    return Status::Ok();
-  }
-  Status get_double(const char* key, double* out, bool required) const {
-    if (!has(key)) return required ? missing(key) : Status::Ok();
-    const auto& v = j_[key];
-    if (!v.is_number())
-      return corrupt(source_ + ": '" + key + "' must be a number, got " + v.dump());
-    *out = v.get<double>();
-    return Status::Ok();
-  }
-  Status get_optional_double(const char* key, std::optional<double>* out) const {
-    if (!has(key)) return Status::Ok();
-    double v = 0;
-    DS_RETURN_IF_ERROR(get_double(key, &v, true));
-    *out = v;
-    return Status::Ok();
-  }
-  Status get_bool(const char* key, bool* out) const {
-    if (!has(key)) return Status::Ok();
-    const auto& v = j_[key];
-    if (!v.is_boolean())
-      return corrupt(source_ + ": '" + key + "' must be true or false, got " + v.dump());
-    *out = v.get<bool>();
-    return Status::Ok();
-  }
-  Status get_string(const char* key, std::string* out) const {
-    if (!has(key)) return Status::Ok();
-    const auto& v = j_[key];
-    if (!v.is_string())
-      return corrupt(source_ + ": '" + key + "' must be a string, got " + v.dump());
-    *out = v.get<std::string>();
-    return Status::Ok();
-  }
-  Status get_id_list(const char* key, std::vector<int32_t>* out) const {
-    if (!has(key)) return Status::Ok();
-    const auto& v = j_[key];
-    std::vector<int32_t> ids;
-    if (v.is_number_integer()) {
-      ids.push_back(v.get<int32_t>());
-    } else if (v.is_array()) {
-      for (const auto& e : v) {
-        if (!e.is_number_integer()) return corrupt(source_ + ": '" + key + "' must hold integers");
-        ids.push_back(e.get<int32_t>());
-      }
-    } else {
-      return corrupt(source_ + ": '" + key + "' must be an integer or a list, got " + v.dump());
-    }
-    *out = std::move(ids);
-    return Status::Ok();
-  }
-
- private:
-  Status missing(const char* key) const {
-    return corrupt(source_ + ": required field '" + key + "' is missing");
-  }
-  const nlohmann::json& j_;
-  const std::string& source_;
-};
 
 // rope_scaling (DeepSeek's own config.json) or rope_parameters (transformers 5).
 Status parse_rope(const nlohmann::json& config, const std::string& source, DeepseekConfig* c) {
-  Fields top(config, source);
+  JsonFields top(config, source);
   nlohmann::json params = nlohmann::json::object();
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     if (!top.has(key)) continue;
@@ -132,7 +53,7 @@ Status parse_rope(const nlohmann::json& config, const std::string& source, Deeps
     for (const auto& [k, v] : config[key].items()) params[k] = v;
   }
   const std::string rope_source = source + " rope parameters";
-  Fields r(params, rope_source);
+  JsonFields r(params, rope_source);
   RopeConfig& rope = c->rope;
   rope.rotary_dim = c->qk_rope_head_dim;
   rope.theta = 10000.0;
@@ -188,7 +109,7 @@ Result<DeepseekConfig> DeepseekConfig::from_hf_json(const nlohmann::json& config
                                                     const nlohmann::json* generation_config,
                                                     std::string source) {
   if (!config.is_object()) return corrupt(source + ": not a JSON object");
-  Fields r(config, source);
+  JsonFields r(config, source);
   DeepseekConfig c;
   c.source = source;
 
@@ -288,7 +209,7 @@ Result<DeepseekConfig> DeepseekConfig::from_hf_json(const nlohmann::json& config
   DS_RETURN_IF_ERROR(r.get_int("bos_token_id", &bos, false));
   DS_RETURN_IF_ERROR(r.get_id_list("eos_token_id", &c.eos_ids));
   if (generation_config && generation_config->is_object()) {
-    Fields g(*generation_config, "generation_config.json");
+    JsonFields g(*generation_config, "generation_config.json");
     DS_RETURN_IF_ERROR(g.get_int("bos_token_id", &bos, false));
     DS_RETURN_IF_ERROR(g.get_id_list("eos_token_id", &c.eos_ids));
   }
