@@ -8,6 +8,8 @@
 
 #include "base/log.h"
 #include "model/causal_lm.h"
+#include "sampling/sampler.h"
+#include "sampling/stop_string_matcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve::cli {
@@ -24,15 +26,21 @@ Status generate(const GenerateOptions& o) {
   if (o.prompt.empty() == o.prompt_ids.empty()) {
     return invalid_argument("give exactly one of --prompt TEXT and --prompt-ids IDS");
   }
-  DS_RETURN_IF_ERROR(o.sampling.validate());
+  SamplingOptions sampling = o.sampling;
+  sampling.max_tokens = o.max_tokens;
+  sampling.seed = o.seed;
+  sampling.ignore_eos = o.ignore_eos;
+  DS_ASSIGN_OR_RETURN(SamplingParams params, SamplingParams::create(std::move(sampling)));
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files, open_model_files(o.common));
   DS_ASSIGN_OR_RETURN(ModelInfo config, read_model_info(*files));
 
-  // The tokenizer is needed to encode a text prompt and to print text; with
-  // --prompt-ids --print-ids the model runs without one (tiny test checkpoints).
+  // The tokenizer is needed to encode a text prompt, to print text and to find stop
+  // strings; with --prompt-ids --print-ids the model runs without one (tiny test
+  // checkpoints).
+  const bool need_text = !o.print_ids || !params.stop().empty();
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!o.prompt.empty() || !o.print_ids) {
+  if (!o.prompt.empty() || need_text) {
     DS_ASSIGN_OR_RETURN(tokenizer, Tokenizer::from_model_files(*files));
   }
   std::vector<int32_t> prompt;
@@ -51,21 +59,20 @@ Status generate(const GenerateOptions& o) {
   const int64_t context =
       std::min<int64_t>(config.max_position_embeddings, n_prompt + o.max_tokens);
 
-  std::vector<int32_t> stop_ids = config.eos_ids;
+  std::vector<int32_t> eos_ids = config.eos_ids;
   if (tokenizer) {
-    for (int32_t id : tokenizer->stop_ids()) stop_ids.push_back(id);
+    for (int32_t id : tokenizer->stop_ids()) eos_ids.push_back(id);
   }
-  auto is_stop = [&](int32_t id) {
-    return !o.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-  };
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(o.common));
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model,
                       load_causal_lm(std::move(files), *backend, context));
   std::unique_ptr<SequenceCache> kv = model->new_cache();
-  Sampler sampler(o.sampling);
+  SamplingState state(params, prompt, eos_ids);
+  Sampler sampler;
+  StopStringMatcher stop_strings(params.stop(), params.include_stop_str_in_output());
   std::unique_ptr<IncrementalDecoder> decoder;
-  if (!o.print_ids) decoder = std::make_unique<IncrementalDecoder>(*tokenizer);
+  if (need_text) decoder = std::make_unique<IncrementalDecoder>(*tokenizer);
 
   std::vector<float> logits;
   std::vector<int32_t> positions(prompt.size());
@@ -81,23 +88,32 @@ Status generate(const GenerateOptions& o) {
   const Clock::time_point t_decode = Clock::now();
   int64_t n_decode_steps = 0;
   while (true) {
-    const int32_t next = sampler.sample(logits);
-    if (is_stop(next)) break;
+    const int32_t next = sampler.sample(state, logits).token;
+    const std::optional<FinishReason> finish = state.accept(next);
+    if (finish == FinishReason::kStop) break;  // an end-of-sequence or stop id: not output
     generated.push_back(next);
     if (decoder) {
-      const std::string piece = decoder->add(next);
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
+      const StopStringMatcher::Output out = stop_strings.add(decoder->add(next));
+      if (!o.print_ids) {
+        std::fwrite(out.text.data(), 1, out.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (out.stopped) break;
     }
-    if (static_cast<int64_t>(generated.size()) >= o.max_tokens || kv->n_tokens() >= context) break;
+    if (finish == FinishReason::kLength || kv->n_tokens() >= context) break;
     const int32_t pos = static_cast<int32_t>(kv->n_tokens());
     DS_RETURN_IF_ERROR(model->forward({&next, 1}, {&pos, 1}, *kv, LogitsFor::kLast, &logits));
     ++n_decode_steps;
   }
   const double decode_s = seconds_since(t_decode);
 
-  if (decoder) {
-    const std::string rest = decoder->flush();
+  if (!o.print_ids) {
+    std::string rest;
+    if (!stop_strings.stopped()) {
+      const StopStringMatcher::Output out = stop_strings.add(decoder->flush());
+      rest = out.text;
+      if (!out.stopped) rest += stop_strings.flush();
+    }
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
   } else {

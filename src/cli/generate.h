@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cli/cli_common.h"
-#include "sampling/sampler.h"
+#include "sampling/sampling_params.h"
 
 namespace dserve::cli {
 
@@ -15,8 +15,11 @@ struct GenerateOptions {
   std::string prompt;      // text, tokenised with the model's tokenizer
   std::string prompt_ids;  // or token ids directly ("1,2,3"), for developers and tests
   int max_tokens = 128;
-  SamplingParams sampling;
-  bool ignore_eos = false;  // keep going past stop tokens
+  uint64_t seed = 0;
+  // temperature, top_k, top_p, min_p, penalties, stop strings, min_tokens; max_tokens,
+  // seed and ignore_eos are taken from the fields here.
+  SamplingOptions sampling;
+  bool ignore_eos = false;  // keep going past end-of-sequence tokens
   bool print_ids = false;   // print generated ids (one line, comma-separated) instead of text
 };
 

@@ -44,8 +44,23 @@ int run(int argc, char** argv) {
                        "sampling temperature; 0: greedy (default 1)");
   generate->add_option("--top-p", gen.sampling.top_p, "nucleus sampling mass (default 1: off)");
   generate->add_option("--top-k", gen.sampling.top_k,
-                       "sample among the k best tokens (default 0: off)");
-  generate->add_option("--seed", gen.sampling.seed, "random seed (default 0)");
+                       "sample among the k best tokens (default 0 or -1: off)");
+  generate->add_option("--min-p", gen.sampling.min_p,
+                       "drop tokens below this fraction of the best one's probability "
+                       "(default 0: off)");
+  generate->add_option("--repetition-penalty", gen.sampling.repetition_penalty,
+                       "penalise tokens of the prompt and output, > 0 (default 1: off)");
+  generate->add_option("--frequency-penalty", gen.sampling.frequency_penalty,
+                       "subtract this times each output token's count, in [-2, 2] (default 0)");
+  generate->add_option("--presence-penalty", gen.sampling.presence_penalty,
+                       "subtract this from tokens already output, in [-2, 2] (default 0)");
+  generate->add_option("--stop", gen.sampling.stop,
+                       "stop before this text, not printing it (repeatable)")
+      ->allow_extra_args(false);
+  generate->add_option("--min-tokens", gen.sampling.min_tokens,
+                       "generate at least this many tokens before a stop id may end the output "
+                       "(default 0)");
+  generate->add_option("--seed", gen.seed, "random seed (default 0)");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at end-of-sequence tokens");
   generate->add_flag("--print-ids", gen.print_ids, "print generated token ids instead of text");
 

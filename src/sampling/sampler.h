@@ -1,56 +1,89 @@
-// Sampler: picks the next token from a row of logits, the way transformers'
-// generate() does with its logits warpers: temperature, then top-k, then top-p
-// (nucleus, over the distribution renormalised after top-k), then a draw from what is
-// left. Temperature 0 is greedy (argmax). Each request owns a Sampler, so its random
-// stream depends only on its seed.
+// Sampler: turns one row of logits into the next token of one sequence, following
+// vLLM v1's sampler (see sampling_params.h for the order of processing).
 //
-// No full sort of the vocabulary: top-k is a partial selection, and top-p sorts a
-// growing prefix of the best candidates until it holds probability mass top_p.
+// Cost per call, V = vocabulary:
+//   penalties, min_tokens masking  O(V) copy + O(distinct prompt and output ids)
+//   greedy                         O(V) (argmax)
+//   plain temperature sampling     O(V) (one exp per id, inverse CDF in id order)
+//   min_p                          O(V) (a threshold on the logit)
+//   top_k (k <= 4096)              O(V) compares + O(k log(V/k) log k) expected heap
+//                                  updates; larger k: nth_element, O(V)
+//   top_p                          O(V + C log m): only the C ids whose weight is at
+//                                  least (1 - top_p) / n of the total can be in the
+//                                  nucleus (the rest hold less than 1 - top_p of the
+//                                  mass together); of those a best-first prefix of
+//                                  m = 64 is partially sorted, growing 4x while it
+//                                  holds less than top_p of the mass
+//   logprobs (L alternatives)      O(V) compares + O(L log(V/L) log L) heap updates
+// The vocabulary is never fully sorted.
 //
-// Thread-safety: not thread-safe (owns an RNG and scratch); one per request.
+// Logprobs are vLLM's default mode, "raw_logprobs": log-softmax of the model's logits
+// before penalties, temperature and filtering; with them come the sampled token's
+// rank (how many tokens have a raw log-prob >= its own) and the best
+// params.logprobs() alternatives.
+//
+// Randomness: one uniform per step from counter_rng.h, keyed by the state's seed,
+// sample index and n_output(), so a sequence's tokens do not depend on the batch.
+//
+// Thread-safety: a Sampler holds scratch buffers; use one per thread.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <utility>
 #include <vector>
 
-#include "base/status.h"
+#include "sampling/sampling_state.h"
 
 namespace dserve {
 
-struct SamplingParams {
-  float temperature = 1.0f;  // 0: greedy
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // 1: off
-  uint64_t seed = 0;
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
 
-  // InvalidArgument naming the bad value (negative temperature, top_p outside (0, 1], ...).
-  Status validate() const;
-  bool greedy() const { return temperature == 0.0f; }
+struct SampleResult {
+  int32_t token = 0;
+  // Set only when the request asked for logprobs (params().logprobs()).
+  float logprob = 0.0f;                    // raw log-prob of `token`
+  int32_t rank = 0;                        // 1 + #tokens with a higher raw log-prob (ties counted)
+  std::vector<TokenLogprob> top_logprobs;  // the best logprobs() ids, best first (ties: lower id)
 };
 
 class Sampler {
  public:
-  // params must have passed validate().
-  explicit Sampler(const SamplingParams& params);
+  Sampler() = default;
   Sampler(const Sampler&) = delete;
   Sampler& operator=(const Sampler&) = delete;
 
-  // logits [vocab]. Returns a token id in [0, vocab).
-  int32_t sample(std::span<const float> logits);
+  // logits: [vocab], the model's raw output for this sequence's next position.
+  SampleResult sample(const SamplingState& state, std::span<const float> logits);
 
-  const SamplingParams& params() const { return params_; }
+  // The distribution sample() draws from, as logits: penalties and masking applied,
+  // divided by the temperature, -inf for every id min_p / top_k / top_p removed.
+  // Greedy requests get the penalised logits unscaled. out: [vocab]. For tests and
+  // a future "processed_logprobs" mode; O(V log V) in the worst case.
+  void processed_logits(const SamplingState& state, std::span<const float> logits,
+                        std::span<float> out);
 
  private:
-  // Fills candidates_ with the `k` best (scaled logit, id) pairs in descending order.
-  void select_top(std::span<const float> logits, size_t k);
+  using Candidate = std::pair<float, int32_t>;  // (processed logit, id)
 
-  SamplingParams params_;
-  std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;  // scratch: (logit / T, id)
-  std::vector<double> probs_;                          // scratch
+  // logits, or scratch holding them with masking and penalties applied.
+  std::span<const float> penalised(const SamplingState& state, std::span<const float> logits);
+  // Fills candidates_ with the ids that survive min_p, top_k and top_p; returns how
+  // many of them (a prefix of candidates_) are kept. max: the largest logit in row.
+  size_t filter(const SamplingParams& p, std::span<const float> row, float max);
+  // The best min(k, |{row >= threshold}|) finite entries of row, in no order.
+  static void best_k(std::span<const float> row, size_t k, float threshold,
+                     std::vector<Candidate>* out);
+  void fill_logprobs(const SamplingState& state, std::span<const float> logits,
+                     SampleResult* result);
+
+  std::vector<float> row_;             // [vocab] penalised logits
+  std::vector<Candidate> candidates_;  // scratch for filtering
+  std::vector<Candidate> heap_;        // scratch for top logprobs
+  std::vector<float> weights_;         // [vocab] scratch: exp((logit - max) / T)
 };
 
 }  // namespace dserve

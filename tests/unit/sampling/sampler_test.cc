@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "sampling/log_softmax.h"
@@ -11,16 +14,39 @@
 namespace dserve {
 namespace {
 
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+SamplingParams make(SamplingOptions o) {
+  Result<SamplingParams> r = SamplingParams::create(std::move(o));
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
 std::vector<float> logits_of(const std::vector<double>& probs) {
   std::vector<float> l;
   for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
   return l;
 }
 
-std::map<int32_t, int> histogram(Sampler& s, const std::vector<float>& logits, int n) {
+// n draws from one sequence, accepting each token so that the RNG counter advances.
+std::map<int32_t, int> histogram(SamplingOptions o, const std::vector<float>& logits, int n) {
+  o.max_tokens = 1 << 30;
+  SamplingState state(make(o), {}, {});
+  Sampler sampler;
   std::map<int32_t, int> h;
-  for (int i = 0; i < n; ++i) h[s.sample(logits)]++;
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = sampler.sample(state, logits).token;
+    h[t]++;
+    (void)state.accept(t);
+  }
   return h;
+}
+
+std::vector<float> processed(const SamplingState& state, const std::vector<float>& logits) {
+  Sampler sampler;
+  std::vector<float> out(logits.size());
+  sampler.processed_logits(state, logits, out);
+  return out;
 }
 
 TEST(LogSoftmaxTest, MatchesDefinition) {
@@ -36,74 +62,312 @@ TEST(LogSoftmaxTest, MatchesDefinition) {
 }
 
 TEST(SamplerTest, GreedyIsArgmax) {
-  Sampler s(SamplingParams{.temperature = 0.0f});
-  EXPECT_EQ(s.sample(std::vector<float>{0.1f, 3.0f, 2.9f}), 1);
+  SamplingState state(make({.temperature = 0.0f}), {}, {});
+  Sampler s;
+  EXPECT_EQ(s.sample(state, std::vector<float>{0.1f, 3.0f, 2.9f}).token, 1);
 }
 
-TEST(SamplerTest, ValidateRejectsBadValues) {
-  EXPECT_FALSE((SamplingParams{.temperature = -1.0f}).validate().ok());
-  EXPECT_FALSE((SamplingParams{.top_k = -2}).validate().ok());
-  EXPECT_FALSE((SamplingParams{.top_p = 0.0f}).validate().ok());
-  EXPECT_FALSE((SamplingParams{.top_p = 1.5f}).validate().ok());
-  EXPECT_TRUE((SamplingParams{.temperature = 0.7f, .top_k = 40, .top_p = 0.9f}).validate().ok());
+// The penalty tests use this setup: prompt {0, 1, 1}, output so far {2, 2, 4}.
+const std::vector<float> kLogits = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 1.0f};
+
+SamplingState penalty_state(SamplingOptions o) {
+  o.temperature = 0.0f;  // processed_logits then returns the penalised logits unscaled
+  o.max_tokens = 100;
+  SamplingState state(make(o), std::vector<int32_t>{0, 1, 1}, {});
+  for (int32_t t : {2, 2, 4}) (void)state.accept(t);
+  return state;
 }
 
-TEST(SamplerTest, SameSeedSameStream) {
-  std::vector<float> logits = logits_of({0.1, 0.2, 0.3, 0.4});
-  Sampler a(SamplingParams{.seed = 42}), b(SamplingParams{.seed = 42}),
-      c(SamplingParams{.seed = 43});
-  std::vector<int32_t> ra, rb, rc;
-  for (int i = 0; i < 64; ++i) {
-    ra.push_back(a.sample(logits));
-    rb.push_back(b.sample(logits));
-    rc.push_back(c.sample(logits));
+TEST(PenaltyTest, RepetitionPenaltyDividesPositiveMultipliesNegative) {
+  // Every id seen in prompt or output, once however often: 0 (prompt), 1 (prompt,
+  // twice), 2 (output, twice), 4 (output). 3 and 5 were never seen.
+  const float r = 2.0f;
+  const std::vector<float> expected = {2.0f / r, -1.0f * r, 0.5f / r, 3.0f, -2.0f * r, 1.0f};
+  EXPECT_EQ(processed(penalty_state({.repetition_penalty = r}), kLogits), expected);
+  // A penalty < 1 favours repeats: the same rule with r = 0.5.
+  const float q = 0.5f;
+  const std::vector<float> favoured = {2.0f / q, -1.0f * q, 0.5f / q, 3.0f, -2.0f * q, 1.0f};
+  EXPECT_EQ(processed(penalty_state({.repetition_penalty = q}), kLogits), favoured);
+}
+
+TEST(PenaltyTest, FrequencyAndPresenceCountOutputOnly) {
+  // logit -= f * count + p * (count > 0), count over the output {2: 2, 4: 1} only;
+  // prompt ids 0 and 1 are untouched.
+  const float f = 0.5f, p = 0.25f;
+  const std::vector<float> expected = {2.0f, -1.0f, 0.5f - (f * 2 + p), 3.0f, -2.0f - (f * 1 + p),
+                                       1.0f};
+  std::vector<float> got =
+      processed(penalty_state({.frequency_penalty = f, .presence_penalty = p}), kLogits);
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_FLOAT_EQ(got[i], expected[i]) << i;
+  // Frequency alone, presence alone.
+  got = processed(penalty_state({.frequency_penalty = f}), kLogits);
+  EXPECT_FLOAT_EQ(got[2], 0.5f - f * 2);
+  EXPECT_FLOAT_EQ(got[4], -2.0f - f * 1);
+  got = processed(penalty_state({.presence_penalty = p}), kLogits);
+  EXPECT_FLOAT_EQ(got[2], 0.5f - p);
+  EXPECT_FLOAT_EQ(got[4], -2.0f - p);
+  // Negative penalties (allowed down to -2) encourage repeats.
+  got = processed(penalty_state({.frequency_penalty = -1.0f}), kLogits);
+  EXPECT_FLOAT_EQ(got[2], 0.5f + 2.0f);
+}
+
+TEST(PenaltyTest, RepetitionThenFrequencyAndPresence) {
+  // vLLM applies the repetition penalty first, then subtracts the others.
+  const float r = 2.0f, f = 0.5f, p = 0.25f;
+  const std::vector<float> expected = {
+      2.0f / r, -1.0f * r, 0.5f / r - (f * 2 + p), 3.0f, -2.0f * r - (f * 1 + p), 1.0f};
+  std::vector<float> got = processed(
+      penalty_state({.repetition_penalty = r, .frequency_penalty = f, .presence_penalty = p}),
+      kLogits);
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_FLOAT_EQ(got[i], expected[i]) << i;
+}
+
+TEST(PenaltyTest, GreedyChoiceFollowsPenalisedLogits) {
+  // Without penalty greedy picks 3; a presence penalty on output token 3 moves it to 0.
+  SamplingState state(make({.temperature = 0.0f, .presence_penalty = 1.5f, .max_tokens = 9}), {},
+                      {});
+  Sampler s;
+  EXPECT_EQ(s.sample(state, kLogits).token, 3);
+  (void)state.accept(3);
+  EXPECT_EQ(s.sample(state, kLogits).token, 0);  // 3 - 1.5 = 1.5 < 2
+}
+
+TEST(MinTokensTest, StopIdsMaskedUntilReached) {
+  // eos (5) and a stop_token_id (3) have the best logits; greedy must avoid both for
+  // the first min_tokens tokens and may pick them afterwards.
+  std::vector<float> logits = {0.0f, 1.0f, 2.0f, 9.0f, 0.5f, 10.0f};
+  SamplingState state(
+      make({.temperature = 0.0f, .stop_token_ids = {3}, .max_tokens = 10, .min_tokens = 3}), {},
+      std::vector<int32_t>{5});
+  Sampler s;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(state.stop_ids_masked());
+    const int32_t t = s.sample(state, logits).token;
+    EXPECT_EQ(t, 2) << i;
+    EXPECT_EQ(state.accept(t), std::nullopt);
   }
-  EXPECT_EQ(ra, rb);
-  EXPECT_NE(ra, rc);
+  EXPECT_FALSE(state.stop_ids_masked());
+  const int32_t t = s.sample(state, logits).token;
+  EXPECT_EQ(t, 5);
+  EXPECT_EQ(state.accept(t), FinishReason::kStop);
+}
+
+TEST(MinTokensTest, IgnoreEosMasksAndStopsOnlyOnStopTokenIds) {
+  std::vector<float> logits = {0.0f, 1.0f, 2.0f, 9.0f, 0.5f, 10.0f};
+  SamplingState state(make({.temperature = 0.0f,
+                            .stop_token_ids = {3},
+                            .ignore_eos = true,
+                            .max_tokens = 10,
+                            .min_tokens = 1}),
+                      {}, std::vector<int32_t>{5});
+  Sampler s;
+  EXPECT_EQ(s.sample(state, logits).token, 5);  // eos is an ordinary token now, not masked
+  EXPECT_EQ(state.accept(5), std::nullopt);
+  EXPECT_EQ(state.accept(3), FinishReason::kStop);
+}
+
+TEST(AcceptTest, LengthAndStop) {
+  SamplingState state(make({.stop_token_ids = {7}, .max_tokens = 2}), {}, std::vector<int32_t>{9});
+  EXPECT_EQ(state.accept(1), std::nullopt);
+  EXPECT_EQ(state.accept(1), FinishReason::kLength);
+  SamplingState s2(make({.stop_token_ids = {7}, .max_tokens = 5}), {}, std::vector<int32_t>{9});
+  EXPECT_EQ(s2.accept(9), FinishReason::kStop);
+  EXPECT_EQ(s2.n_output(), 1);
+}
+
+TEST(SeedTest, SameSeedSameStreamDifferentSeedDiffers) {
+  std::vector<float> logits = logits_of({0.1, 0.2, 0.3, 0.4});
+  auto draws = [&](std::optional<uint64_t> seed, uint64_t unseeded, int sample_index) {
+    SamplingState state(make({.seed = seed, .max_tokens = 1000}), {}, {}, unseeded, sample_index);
+    Sampler s;
+    std::vector<int32_t> r;
+    for (int i = 0; i < 64; ++i) {
+      r.push_back(s.sample(state, logits).token);
+      (void)state.accept(r.back());
+    }
+    return r;
+  };
+  EXPECT_EQ(draws(42, 0, 0), draws(42, 999, 0));  // the engine's entropy is unused when seeded
+  EXPECT_NE(draws(42, 0, 0), draws(43, 0, 0));
+  EXPECT_NE(draws(42, 0, 0), draws(42, 0, 1));  // n > 1 siblings differ
+  EXPECT_NE(draws(std::nullopt, 1, 0), draws(std::nullopt, 2, 0));
 }
 
 TEST(SamplerTest, FrequenciesFollowSoftmax) {
-  std::vector<float> logits = logits_of({0.1, 0.2, 0.3, 0.4});
-  Sampler s(SamplingParams{.seed = 1});
   const int n = 40000;
-  auto h = histogram(s, logits, n);
+  auto h = histogram({.seed = 1}, logits_of({0.1, 0.2, 0.3, 0.4}), n);
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(h[i] / double(n), 0.1 * (i + 1), 0.01) << i;
 }
 
-TEST(SamplerTest, TopKKeepsOnlyBest) {
-  std::vector<float> logits = logits_of({0.1, 0.2, 0.3, 0.4});
-  Sampler s(SamplingParams{.top_k = 2, .seed = 3});
+TEST(SamplerTest, TemperatureScalesLogits) {
+  // T = 2 samples softmax(log p / 2) ~ sqrt(p).
+  const int n = 40000;
+  auto h = histogram({.temperature = 2.0f, .seed = 2}, logits_of({0.1, 0.9}), n);
+  const double expect1 = std::sqrt(0.9) / (std::sqrt(0.1) + std::sqrt(0.9));
+  EXPECT_NEAR(h[1] / double(n), expect1, 0.01);
+}
+
+TEST(SamplerTest, TopKSamplesOnlyFromAllowedSet) {
   const int n = 20000;
-  auto h = histogram(s, logits, n);
-  EXPECT_EQ(h.count(0), 0u);
-  EXPECT_EQ(h.count(1), 0u);
+  auto h = histogram({.top_k = 2, .seed = 3}, logits_of({0.1, 0.2, 0.3, 0.4}), n);
+  EXPECT_EQ(h.count(0) + h.count(1), 0u);
   EXPECT_NEAR(h[2] / double(n), 3.0 / 7.0, 0.015);
   EXPECT_NEAR(h[3] / double(n), 4.0 / 7.0, 0.015);
 }
 
-TEST(SamplerTest, TopPKeepsSmallestNucleus) {
-  // Sorted: 0.4, 0.3 (cumulative 0.7 >= 0.65): only ids 3 and 2 survive.
-  std::vector<float> logits = logits_of({0.1, 0.2, 0.3, 0.4});
-  Sampler s(SamplingParams{.top_p = 0.65f, .seed = 5});
-  auto h = histogram(s, logits, 10000);
+TEST(SamplerTest, TopPSamplesOnlyFromSmallestNucleus) {
+  // Sorted: 0.4, 0.3 (cumulative 0.7 >= 0.65): only ids 4 and 3 survive.
+  const int n = 20000;
+  auto h = histogram({.top_p = 0.65f, .seed = 5}, logits_of({0.05, 0.1, 0.15, 0.3, 0.4}), n);
+  EXPECT_EQ(h.count(0) + h.count(1) + h.count(2), 0u);
+  EXPECT_NEAR(h[3] / double(n), 3.0 / 7.0, 0.015);
+  EXPECT_NEAR(h[4] / double(n), 4.0 / 7.0, 0.015);
+}
+
+TEST(SamplerTest, MinPKeepsTokensAboveFractionOfBest) {
+  // min_p 0.5: keep p >= 0.5 * 0.4 = 0.2, i.e. ids 3 and 4.
+  const int n = 20000;
+  auto h = histogram({.min_p = 0.5f, .seed = 6}, logits_of({0.05, 0.1, 0.15, 0.3, 0.4}), n);
+  EXPECT_EQ(h.count(0) + h.count(1) + h.count(2), 0u);
+  EXPECT_NEAR(h[4] / double(n), 4.0 / 7.0, 0.015);
+  // After temperature 2 the probabilities are ~ sqrt(p): the best is sqrt(0.4) = 0.632,
+  // min_p 0.55 keeps sqrt(p) >= 0.348: ids 2 (0.387), 3 and 4.
+  h = histogram({.temperature = 2.0f, .min_p = 0.55f, .seed = 6},
+                logits_of({0.05, 0.1, 0.15, 0.3, 0.4}), n);
   EXPECT_EQ(h.count(0) + h.count(1), 0u);
   EXPECT_GT(h[2], 0);
-  EXPECT_GT(h[3], h[2]);
+}
+
+TEST(SamplerTest, TopKThenTopPOverRenormalisedSet) {
+  // top_p is measured on the distribution left by top_k, renormalised (vLLM, HF).
+  // top_k 3 leaves {0.4, 0.3, 0.15}, renormalised {0.47, 0.35, 0.18}: top_p 0.8 is
+  // reached after two (0.82). Without top_k, 0.4 + 0.3 = 0.7 < 0.8 needs three.
+  const std::vector<float> logits = logits_of({0.05, 0.1, 0.15, 0.3, 0.4});
+  auto kept = [&](SamplingOptions o) {
+    SamplingState state(make(o), {}, {});
+    std::vector<float> out = processed(state, logits);
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < 5; ++i) {
+      if (out[i] != kNegInf) ids.push_back(i);
+    }
+    return ids;
+  };
+  EXPECT_EQ(kept({.top_p = 0.8f, .top_k = 3}), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(kept({.top_p = 0.8f}), (std::vector<int32_t>{2, 3, 4}));
+  // Renormalised after top_k 2: 0.4/0.7 = 0.57 >= 0.55 keeps one id only.
+  EXPECT_EQ(kept({.top_p = 0.55f, .top_k = 2}), (std::vector<int32_t>{4}));
+  EXPECT_EQ(kept({.top_p = 0.55f}), (std::vector<int32_t>{3, 4}));
 }
 
 TEST(SamplerTest, TopPOverLargeVocabGrowsPrefix) {
   // 5000 equal tokens: top_p 0.5 needs 2500 of them (one more if rounding falls short),
-  // far more than the first sorted prefix.
+  // far more than the first sorted prefix; equal logits are ordered by id.
   std::vector<float> logits(5000, 0.0f);
-  Sampler s(SamplingParams{.top_p = 0.5f, .seed = 9});
-  for (int i = 0; i < 2000; ++i) EXPECT_LE(s.sample(logits), 2500);
+  auto h = histogram({.top_p = 0.5f, .seed = 9}, logits, 2000);
+  EXPECT_LE(h.rbegin()->first, 2500);
 }
 
 TEST(SamplerTest, LowTemperatureSharpens) {
-  std::vector<float> logits = logits_of({0.45, 0.55});
-  Sampler s(SamplingParams{.temperature = 0.05f, .seed = 11});
-  auto h = histogram(s, logits, 2000);
+  auto h = histogram({.temperature = 0.05f, .seed = 11}, logits_of({0.45, 0.55}), 2000);
   EXPECT_GT(h[1], 1900);
+}
+
+TEST(LogprobsTest, RawLogprobsAndTopKEqualFullSortReference) {
+  // A DeepSeek-V3-sized vocabulary with repeated values, so that ties are exercised.
+  const int vocab = 129280;
+  std::mt19937 gen(17);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(vocab);
+  for (float& x : logits) x = std::round(normal(gen) * 64.0f) / 64.0f;
+  for (int i : {5, 77, 1000, 129279}) logits[i] = 20.0f;  // a four-way tie at the top
+
+  SamplingState state(make({.temperature = 0.7f,
+                            .top_p = 0.9f,
+                            .repetition_penalty = 1.3f,
+                            .seed = 4,
+                            .max_tokens = 10,
+                            .logprobs = kMaxLogprobs}),
+                      std::vector<int32_t>{5, 77}, {});
+  Sampler s;
+  SampleResult r = s.sample(state, logits);
+
+  // Reference: full sort of (logit desc, id asc), logprob = logit - logsumexp(raw).
+  double max = *std::max_element(logits.begin(), logits.end()), sum = 0.0;
+  for (float x : logits) sum += std::exp(x - max);
+  const double lse = max + std::log(sum);
+  std::vector<int32_t> order(vocab);
+  for (int i = 0; i < vocab; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  ASSERT_EQ(r.top_logprobs.size(), static_cast<size_t>(kMaxLogprobs));
+  for (int i = 0; i < kMaxLogprobs; ++i) {
+    EXPECT_EQ(r.top_logprobs[i].id, order[i]) << i;
+    EXPECT_NEAR(r.top_logprobs[i].logprob, logits[order[i]] - lse, 1e-5) << i;
+  }
+  // The sampled token's logprob is raw: before penalties (5 and 77 were penalised) and
+  // temperature.
+  EXPECT_NEAR(r.logprob, logits[r.token] - lse, 1e-5);
+  int32_t rank = 0;
+  for (float x : logits) rank += x >= logits[r.token];
+  EXPECT_EQ(r.rank, rank);
+
+  // logprobs = 0: the sampled token only.
+  SamplingState none(make({.temperature = 0.0f, .logprobs = 0}), {}, {});
+  r = s.sample(none, logits);
+  EXPECT_EQ(r.token, 5);
+  EXPECT_EQ(r.rank, 4);  // four ids share the best logit
+  EXPECT_TRUE(r.top_logprobs.empty());
+  EXPECT_NEAR(r.logprob, 20.0 - lse, 1e-5);
+}
+
+TEST(SamplerTest, TopKKeepsExactlyTheBestKBothSelectionPaths) {
+  // k <= 4096 uses a bounded heap, larger k nth_element; both must keep exactly the
+  // k best of a full sort (ties by lower id), here with many repeated logits.
+  const int vocab = 20000;
+  std::mt19937 gen(21);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(vocab);
+  for (float& x : logits) x = std::round(normal(gen) * 16.0f) / 16.0f;
+  std::vector<int32_t> order(vocab);
+  for (int i = 0; i < vocab; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int k : {1, 7, 4096, 4097, 12345}) {
+    SamplingState state(make({.top_k = k}), {}, {});
+    std::vector<float> out = processed(state, logits);
+    std::vector<int32_t> kept;
+    for (int32_t i = 0; i < vocab; ++i) {
+      if (out[i] != kNegInf) kept.push_back(i);
+    }
+    std::vector<int32_t> want(order.begin(), order.begin() + k);
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(kept, want) << "k=" << k;
+  }
+}
+
+TEST(SamplerTest, SampledTokenIsAlwaysInProcessedSupport) {
+  // Random logits, combined filters: every draw lies where processed_logits is finite.
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(3000);
+  for (float& x : logits) x = normal(gen);
+  SamplingState state(make({.temperature = 0.9f,
+                            .top_p = 0.8f,
+                            .top_k = 40,
+                            .min_p = 0.05f,
+                            .repetition_penalty = 1.2f,
+                            .seed = 8,
+                            .max_tokens = 1000}),
+                      std::vector<int32_t>{1, 2, 3}, {});
+  Sampler s;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<float> support = processed(state, logits);
+    const int32_t t = s.sample(state, logits).token;
+    ASSERT_NE(support[t], kNegInf) << i;
+    (void)state.accept(t);
+  }
 }
 
 }  // namespace
