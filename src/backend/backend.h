@@ -34,6 +34,19 @@ struct RopeTable {
   const float* sin = nullptr;  // [n_positions, rotary_dim / 2]
 };
 
+// Where each token of a ragged batch lives in a paged KV cache.
+struct PagedBatch {
+  int64_t n_tokens = 0;
+  const int32_t* positions = nullptr;     // [n_tokens]
+  const int32_t* seq_of_token = nullptr;  // [n_tokens], index into the sequences below
+  int64_t n_seqs = 0;
+  // Sequence s's block table is block_tables[block_table_offsets[s] ..
+  // block_table_offsets[s + 1]): [n_seqs + 1] offsets into a flat array of block ids.
+  const int32_t* block_tables = nullptr;
+  const int64_t* block_table_offsets = nullptr;
+  int block_size = 16;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -76,6 +89,30 @@ class Backend {
   virtual void attention(const float* q, const float* k, const float* v, float* out,
                          int64_t n_tokens, const int32_t* positions, int64_t n_kv, int n_heads,
                          int n_kv_heads, int head_dim, int v_dim, float scale) = 0;
+
+  // --- Paged KV cache -------------------------------------------------------------
+  // A KV pool is n_slots = n_blocks * block_size token slots, each holding `row` floats
+  // (keys: n_kv_heads * head_dim; values: n_kv_heads * v_dim; an MLA latent:
+  // kv_lora_rank + qk_rope_head_dim). Slot of position p of a sequence with block table
+  // T: T[p / block_size] * block_size + p % block_size.
+
+  // pool[slots[t]] = x[t] for x [n, row]. Slots are distinct.
+  virtual void kv_store(float* pool, int64_t row, const float* x, const int64_t* slots,
+                        int64_t n) = 0;
+
+  // out[i] = pool[slots[i]] for out [n, row].
+  virtual void kv_gather(const float* pool, int64_t row, const int64_t* slots, int64_t n,
+                         float* out) = 0;
+
+  // Causal attention for a ragged batch of tokens from several sequences over paged
+  // K/V pools (k_pool [n_slots, n_kv_heads, head_dim], v_pool [n_slots, n_kv_heads,
+  // v_dim]). q [n_tokens, n_heads, head_dim], out [n_tokens, n_heads, v_dim]. Token t
+  // belongs to sequence batch.seq_of_token[t] and attends to that sequence's positions
+  // 0..batch.positions[t], whose keys must already be stored. GQA and softmax as in
+  // attention().
+  virtual void paged_attention(const float* q, const float* k_pool, const float* v_pool,
+                               float* out, const PagedBatch& batch, int n_heads, int n_kv_heads,
+                               int head_dim, int v_dim, float scale) = 0;
 };
 
 struct CpuBackendOptions {

@@ -3,10 +3,12 @@
 // stderr ("dserve: error: ...") and a non-zero exit status.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
 #include "base/log.h"
+#include "cli/bench_throughput.h"
 #include "cli/generate.h"
 #include "cli/perplexity.h"
 
@@ -77,6 +79,32 @@ int run(int argc, char** argv) {
   perplexity->add_option("--logprobs-out", ppl.logprobs_out,
                          "write per-position log-probabilities to this JSON file");
 
+  dserve::cli::BenchThroughputOptions bt;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "benchmarks");
+  bench_cmd->require_subcommand(1);
+  CLI::App* throughput = bench_cmd->add_subcommand(
+      "throughput", "offline throughput: N prompts at once through the engine (as vLLM's)");
+  add_common_options(throughput, &bt.common);
+  throughput->add_option("--dataset-name", bt.dataset_name, "random or sharegpt (default random)")
+      ->check(CLI::IsMember({"random", "sharegpt"}));
+  throughput->add_option("--dataset-path", bt.dataset_path, "ShareGPT JSON file");
+  throughput->add_option("--num-prompts", bt.num_prompts, "number of prompts (default 100)");
+  throughput->add_option("--input-len", bt.input_len, "random: prompt tokens (default 1024)");
+  throughput->add_option("--output-len", bt.output_len,
+                         "tokens to generate per prompt (default: 128 for random, the reply's length for sharegpt)");
+  throughput->add_option("--seed", bt.seed, "dataset seed (default 0)");
+  throughput->add_option("--max-num-seqs", bt.max_num_seqs, "running requests at most (256)");
+  throughput->add_option("--max-num-batched-tokens", bt.max_num_batched_tokens,
+                         "tokens per step at most (2048)");
+  throughput->add_option("--block-size", bt.block_size, "tokens per KV block (16)");
+  throughput->add_option("--kv-cache-memory", bt.kv_cache_memory,
+                         "bytes for the KV cache (default 1 GiB)");
+  throughput->add_option("--max-model-len", bt.max_model_len,
+                         "prompt + output tokens at most (default: input + output length)");
+  throughput->add_flag("--no-enable-prefix-caching", bt.no_enable_prefix_caching,
+                       "do not reuse cached prefix blocks");
+  throughput->add_option("--output-json", bt.output_json, "also write the results here");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -88,9 +116,11 @@ int run(int argc, char** argv) {
     return 2;
   }
 
-  CommonOptions& common = generate->parsed() ? gen.common : ppl.common;
+  CommonOptions& common =
+      generate->parsed() ? gen.common : (throughput->parsed() ? bt.common : ppl.common);
   dserve::set_log_level(common.log_level);
   if (generate->parsed()) return dserve::cli::run_generate(gen);
+  if (throughput->parsed()) return dserve::cli::run_bench_throughput(bt);
   return dserve::cli::run_perplexity(ppl);
 }
 

@@ -36,6 +36,18 @@ class LlamaLm final : public CausalLm {
     return model_->forward(tokens, positions, static_cast<CacheAdapter<KvCache>&>(cache).get(),
                            which, logits);
   }
+  size_t paged_bytes_per_token() const override {
+    return PagedKvCache::bytes_per_token(model_->config());
+  }
+  Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size) const override {
+    if (n_blocks < 1 || block_size < 1)
+      return invalid_argument("paged cache: n_blocks and block_size must be >= 1");
+    return std::unique_ptr<PagedCache>(model_->new_paged_cache(n_blocks, block_size));
+  }
+  Status forward_batch(const ModelBatch& batch, PagedCache& cache,
+                       std::vector<float>* logits) override {
+    return model_->forward_batch(batch, static_cast<PagedKvCache&>(cache), logits);
+  }
   size_t weight_bytes_per_token() const override { return model_->weight_bytes_per_token(); }
   std::string stats() const override { return {}; }
 
@@ -56,6 +68,18 @@ class DeepseekLm final : public CausalLm {
                  SequenceCache& cache, LogitsFor which, std::vector<float>* logits) override {
     return model_->forward(tokens, positions, static_cast<CacheAdapter<MlaKvCache>&>(cache).get(),
                            which, logits);
+  }
+  size_t paged_bytes_per_token() const override {
+    return PagedMlaCache::bytes_per_token(model_->config());
+  }
+  Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size) const override {
+    if (n_blocks < 1 || block_size < 1)
+      return invalid_argument("paged cache: n_blocks and block_size must be >= 1");
+    return std::unique_ptr<PagedCache>(model_->new_paged_cache(n_blocks, block_size));
+  }
+  Status forward_batch(const ModelBatch& batch, PagedCache& cache,
+                       std::vector<float>* logits) override {
+    return model_->forward_batch(batch, static_cast<PagedMlaCache&>(cache), logits);
   }
   size_t weight_bytes_per_token() const override { return model_->active_weight_bytes_per_token(); }
   std::string stats() const override {

@@ -18,6 +18,7 @@
 #include "base/status.h"
 #include "loader/model_files.h"
 #include "model/llama_model.h"  // LogitsFor
+#include "model/model_batch.h"
 
 namespace dserve {
 
@@ -51,6 +52,21 @@ class CausalLm {
   // As LlamaModel::forward; `cache` must come from this model's new_cache().
   virtual Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                          SequenceCache& cache, LogitsFor which, std::vector<float>* logits) = 0;
+
+  // --- Paged serving (the engine). Architectures without it keep the defaults. ---
+  // Bytes one token takes in a paged cache over all layers; 0: no paged support.
+  virtual size_t paged_bytes_per_token() const { return 0; }
+  // A paged cache of n_blocks blocks of block_size tokens.
+  virtual Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size) const {
+    return unimplemented(info().architecture + ": no paged KV cache yet");
+  }
+  // One engine step over a ragged batch (see LlamaModel::forward_batch); `cache` must
+  // come from this model's new_paged_cache().
+  virtual Status forward_batch(const ModelBatch& batch, PagedCache& cache,
+                               std::vector<float>* logits) {
+    return unimplemented(info().architecture + ": no batched forward yet");
+  }
+
   // Weight bytes one decode step reads (for MoE: the active experts only).
   virtual size_t weight_bytes_per_token() const = 0;
   // One line of architecture-specific counters for logs (MoE expert use); may be empty.

@@ -335,8 +335,9 @@ void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const floa
 //   out_lat [n, H, r + rope] = attention(q_abs, latent, latent) with ONE kv head
 //     (the value is the whole cached row; its last rope values are dropped)
 //   att_h [n, v] = out_lat_h[:, :r] · W_UV_hᵀ
-void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n, const float* latent,
-                                    int64_t n_kv, std::span<const int32_t> positions) {
+template <typename LatentAttendFn>
+void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
+                                    LatentAttendFn&& attend_latent) {
   const DeepseekConfig& c = config_;
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
@@ -356,9 +357,7 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n, const floa
       std::memcpy(dst + r, &s.q[(t * H + h) * qk + nope], rope * sizeof(float));
     }
   }
-  backend_.attention(s.q_abs.data(), latent, latent, s.out_lat.data(), n, positions.data(), n_kv,
-                     static_cast<int>(H), 1, static_cast<int>(row), static_cast<int>(row),
-                     c.softmax_scale());
+  attend_latent(s.q_abs.data(), s.out_lat.data());
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t t = 0; t < n; ++t)
       std::memcpy(&s.tmp_in[t * r], &s.out_lat[(t * H + h) * row], r * sizeof(float));
@@ -370,8 +369,7 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n, const floa
 
 // MLA for one layer: s.xb [n, hidden] (normed) -> s.att [n, H * v]; stores the
 // batch's latents in `kv`.
-void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> positions,
-                              MlaKvCache& kv, bool absorbed) {
+void DeepseekModel::project_qkv(int layer, int64_t n, std::span<const int32_t> positions) {
   const DeepseekConfig& c = config_;
   const LayerWeights& w = layers_[layer];
   Scratch& s = scratch_;
@@ -398,6 +396,15 @@ void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> pos
   }
   backend_.rope(s.kva.data() + r, n, 1, static_cast<int>(row), positions.data(), rope,
                 c.rope_interleaved);
+}
+
+void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> positions,
+                              MlaKvCache& kv, bool absorbed) {
+  const DeepseekConfig& c = config_;
+  const LayerWeights& w = layers_[layer];
+  Scratch& s = scratch_;
+  const int64_t H = c.n_heads, row = c.latent_dim();
+  project_qkv(layer, n, positions);
   float* latent = kv.latent(layer);  // [capacity, r + rope]
   for (int64_t t = 0; t < n; ++t) {
     std::memcpy(latent + static_cast<int64_t>(positions[t]) * row, &s.kva[t * row],
@@ -405,7 +412,11 @@ void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> pos
   }
   const int64_t n_kv = static_cast<int64_t>(positions.back()) + 1;
   if (absorbed) {
-    attend_absorbed(w, n, latent, n_kv, positions);
+    attend_absorbed(w, n, [&](const float* q_abs, float* out_lat) {
+      backend_.attention(q_abs, latent, latent, out_lat, n, positions.data(), n_kv,
+                         static_cast<int>(H), 1, static_cast<int>(row), static_cast<int>(row),
+                         c.softmax_scale());
+    });
   } else {
     attend_expanded(w, n, latent, n_kv, positions);
   }
@@ -450,6 +461,22 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
       break;
   }
 
+  run_layers(tokens, [&](int l) { attention(l, n, positions, kv, absorbed); });
+  kv.set_n_tokens(end);
+
+  std::vector<int32_t>& rows = scratch_.row_ids;
+  rows.clear();
+  for (int64_t t = which == LogitsFor::kLast ? n - 1 : 0; t < n; ++t) {
+    rows.push_back(static_cast<int32_t>(t));
+  }
+  compute_logits(rows, logits);
+  return Status::Ok();
+}
+
+template <typename AttendFn>
+void DeepseekModel::run_layers(std::span<const int32_t> tokens, AttendFn&& attend) {
+  const DeepseekConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t hidden = c.hidden_size, H = c.n_heads;
   Scratch& s = scratch_;
   s.x.resize(n * hidden);
@@ -466,7 +493,7 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
     const LayerWeights& w = layers_[l];
     // --- MLA block: x += o_proj(attention(rms_norm(x))) ---
     backend_.rms_norm(s.x.data(), *w.attn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
-    attention(l, n, positions, kv, absorbed);
+    attend(l);
     backend_.matmul(*w.o_proj, nullptr, s.att.data(), n, s.xb.data());
     backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
 
@@ -479,15 +506,91 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
     }
     backend_.add_inplace(s.x.data(), s.moe_out.data(), n * hidden);
   }
-  kv.set_n_tokens(end);
+}
 
-  const int64_t first = which == LogitsFor::kLast ? n - 1 : 0;
-  const int64_t n_out = n - first;
-  // xb [n_out, hidden] = rms_norm(x[first:]); logits [n_out, vocab] = xb · lm_headᵀ
-  backend_.rms_norm(s.x.data() + first * hidden, *final_norm_, c.rms_norm_eps, n_out, hidden,
-                    s.xb.data());
+void DeepseekModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
+  const DeepseekConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t n_out = static_cast<int64_t>(rows.size());
+  Scratch& s = scratch_;
+  // rows_x [n_out, hidden] = rms_norm(x[rows]); logits [n_out, vocab] = rows_x · lm_headᵀ
+  s.rows.resize(n_out * hidden);
+  for (int64_t i = 0; i < n_out; ++i) {
+    std::memcpy(&s.rows[i * hidden], &s.x[int64_t{rows[i]} * hidden], hidden * sizeof(float));
+  }
+  backend_.rms_norm(s.rows.data(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.data());
   logits->resize(static_cast<size_t>(n_out * c.vocab_size));
-  backend_.matmul(*lm_head_, nullptr, s.xb.data(), n_out, logits->data());
+  if (n_out > 0) backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, logits->data());
+}
+
+std::unique_ptr<PagedMlaCache> DeepseekModel::new_paged_cache(int n_blocks, int block_size) const {
+  return std::make_unique<PagedMlaCache>(config_, n_blocks, block_size);
+}
+
+void DeepseekModel::attention_paged(int layer, int64_t n, std::span<const int32_t> positions,
+                                    const PagedBatch& batch, const int64_t* slots,
+                                    PagedMlaCache& cache) {
+  const DeepseekConfig& c = config_;
+  const int64_t H = c.n_heads, row = c.latent_dim();
+  project_qkv(layer, n, positions);
+  float* pool = cache.latent(layer);  // [n_slots, r + rope]
+  // The whole step's latents first: a sequence may read, through a shared prefix
+  // block, rows another sequence of this step writes.
+  backend_.kv_store(pool, row, scratch_.kva.data(), slots, n);
+  attend_absorbed(layers_[layer], n, [&](const float* q_abs, float* out_lat) {
+    backend_.paged_attention(q_abs, pool, pool, out_lat, batch, static_cast<int>(H), 1,
+                             static_cast<int>(row), static_cast<int>(row), c.softmax_scale());
+  });
+}
+
+Status DeepseekModel::forward_batch(const ModelBatch& batch, PagedMlaCache& cache,
+                                    std::vector<float>* logits) {
+  const DeepseekConfig& c = config_;
+  const int64_t n = batch.n_tokens();
+  const int64_t n_seqs = batch.n_seqs();
+  if (n == 0) return invalid_argument("forward_batch: empty batch");
+  if (batch.positions.size() != batch.tokens.size() ||
+      batch.seq_of_token.size() != batch.tokens.size() || n_seqs < 1) {
+    return invalid_argument("forward_batch: tokens, positions and seq_of_token differ in length");
+  }
+  const int64_t bs = cache.block_size();
+  std::vector<int64_t>& slots = scratch_.slots;
+  slots.resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = batch.tokens[t], s = batch.seq_of_token[t], p = batch.positions[t];
+    if (id < 0 || id >= c.vocab_size) {
+      return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                              std::to_string(c.vocab_size) + ")");
+    }
+    if (s < 0 || s >= n_seqs) return invalid_argument("forward_batch: bad sequence index");
+    if (p < 0 || p >= max_context_) {
+      return invalid_argument("forward_batch: position " + std::to_string(p) +
+                              " outside the context of " + std::to_string(max_context_));
+    }
+    const int64_t first = batch.block_table_offsets[s];
+    if (p / bs >= batch.block_table_offsets[s + 1] - first) {
+      return invalid_argument("forward_batch: position " + std::to_string(p) +
+                              " beyond its block table");
+    }
+    const int32_t block = batch.block_tables[first + p / bs];
+    if (block < 0 || block >= cache.n_blocks())
+      return invalid_argument("forward_batch: block id out of range");
+    slots[t] = int64_t{block} * bs + p % bs;
+  }
+  for (int32_t r : batch.logits_rows) {
+    if (r < 0 || r >= n) return invalid_argument("forward_batch: logits row out of range");
+  }
+  PagedBatch pb;
+  pb.n_tokens = n;
+  pb.positions = batch.positions.data();
+  pb.seq_of_token = batch.seq_of_token.data();
+  pb.n_seqs = n_seqs;
+  pb.block_tables = batch.block_tables.data();
+  pb.block_table_offsets = batch.block_table_offsets.data();
+  pb.block_size = static_cast<int>(bs);
+  run_layers(batch.tokens,
+             [&](int l) { attention_paged(l, n, batch.positions, pb, slots.data(), cache); });
+  compute_logits(batch.logits_rows, logits);
   return Status::Ok();
 }
 

@@ -89,6 +89,14 @@ class DeepseekModel {
   Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                  MlaKvCache& kv, LogitsFor which, std::vector<float>* logits);
 
+  // A paged latent cache of n_blocks blocks of block_size tokens for forward_batch().
+  std::unique_ptr<PagedMlaCache> new_paged_cache(int n_blocks, int block_size) const;
+  // One engine step over a ragged batch of several sequences (see
+  // LlamaModel::forward_batch): each layer stores the step's latents into `cache`
+  // through the block tables, then attends in the latent space (absorbed MLA) with
+  // paged_attention. Logits [batch.logits_rows.size(), vocab_size].
+  Status forward_batch(const ModelBatch& batch, PagedMlaCache& cache, std::vector<float>* logits);
+
   const MoeStats& moe_stats() const { return moe_stats_; }
   void reset_moe_stats() { moe_stats_ = {}; }
 
@@ -134,6 +142,9 @@ class DeepseekModel {
     std::vector<float> moe_out;                // [n, hidden]
     std::vector<float> expert_in, expert_out;  // [rows, hidden]
     std::vector<float> router;                 // [n, E]
+    std::vector<float> rows;                   // [n_out, hidden] rows for logits
+    std::vector<int32_t> row_ids;              // [n_out]
+    std::vector<int64_t> slots;                // [n] paged cache slots
   };
   struct OwnedTensor;
 
@@ -150,10 +161,23 @@ class DeepseekModel {
 
   void attention(int layer, int64_t n, std::span<const int32_t> positions, MlaKvCache& kv,
                  bool absorbed);
+  // q (rotated q_pe) into s.q [n, H, qk] and the latent rows into s.kva [n, r + rope].
+  void project_qkv(int layer, int64_t n, std::span<const int32_t> positions);
+  // The paged seam: stores s.kva at `slots` in layer's pool, then absorbed attention.
+  void attention_paged(int layer, int64_t n, std::span<const int32_t> positions,
+                       const PagedBatch& batch, const int64_t* slots, PagedMlaCache& cache);
+  // The layer stack shared by forward() and forward_batch(); attend(layer) turns
+  // s.xb [n, hidden] into s.att [n, H * v].
+  template <typename AttendFn>
+  void run_layers(std::span<const int32_t> tokens, AttendFn&& attend);
+  // logits [rows.size(), vocab] from s.x rows `rows`.
+  void compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
   void attend_expanded(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
                        std::span<const int32_t> positions);
-  void attend_absorbed(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
-                       std::span<const int32_t> positions);
+  // attend_latent(q_abs [n, H, r + rope], out_lat [n, H, r + rope]) runs the latent
+  // attention (contiguous or paged).
+  template <typename LatentAttendFn>
+  void attend_absorbed(const LayerWeights& w, int64_t n, LatentAttendFn&& attend_latent);
   // out[rows, hidden] = mlp(in[rows, hidden]).
   void run_mlp(const Mlp& mlp, int64_t inter, const float* in, int64_t rows, float* out);
   // s.xb[n, hidden] -> s.moe_out[n, hidden] (routed + shared experts).

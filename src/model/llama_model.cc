@@ -1,5 +1,6 @@
 #include "model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -123,6 +124,10 @@ std::unique_ptr<KvCache> LlamaModel::new_kv_cache() const {
   return std::make_unique<KvCache>(config_, max_context_);
 }
 
+std::unique_ptr<PagedKvCache> LlamaModel::new_paged_cache(int n_blocks, int block_size) const {
+  return std::make_unique<PagedKvCache>(config_, n_blocks, block_size);
+}
+
 void LlamaModel::attend(int layer, const float* q, const float* k, const float* v,
                         std::span<const int32_t> positions, KvCache& kv, float* out) {
   kv.store(layer, positions, k, v);
@@ -133,33 +138,34 @@ void LlamaModel::attend(int layer, const float* q, const float* k, const float* 
                      config_.head_dim, scale);
 }
 
-Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                           KvCache& kv, LogitsFor which, std::vector<float>* logits) {
+void LlamaModel::attend_paged(int layer, const float* q, const float* k, const float* v,
+                              const PagedBatch& batch, const int64_t* slots, PagedKvCache& cache,
+                              float* out) {
+  const int64_t kv_dim = config_.kv_dim();
+  // Keys and values of the whole step first: a sequence may read, through a shared
+  // prefix block, keys another sequence of this step writes.
+  backend_.kv_store(cache.k(layer), kv_dim, k, slots, batch.n_tokens);
+  backend_.kv_store(cache.v(layer), kv_dim, v, slots, batch.n_tokens);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  backend_.paged_attention(q, cache.k(layer), cache.v(layer), out, batch, config_.n_heads,
+                           config_.n_kv_heads, config_.head_dim, config_.head_dim, scale);
+}
+
+Status LlamaModel::check_tokens(std::span<const int32_t> tokens) const {
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= config_.vocab_size) {
+      return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                              std::to_string(config_.vocab_size) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename AttendFn>
+void LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                            AttendFn&& attend_layer) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 0) return invalid_argument("forward: empty batch");
-  if (positions.size() != tokens.size()) {
-    return invalid_argument("forward: " + std::to_string(tokens.size()) + " tokens but " +
-                            std::to_string(positions.size()) + " positions");
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
-      return invalid_argument("token id " + std::to_string(tokens[t]) +
-                              " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
-                              ")");
-    }
-    if (positions[t] != kv.n_tokens() + t) {
-      return invalid_argument("forward: positions must continue the sequence at " +
-                              std::to_string(kv.n_tokens()));
-    }
-  }
-  const int64_t end = kv.n_tokens() + n;
-  if (end > max_context_ || end > kv.capacity()) {
-    return invalid_argument("sequence of " + std::to_string(end) +
-                            " tokens exceeds the context of " +
-                            std::to_string(std::min(max_context_, kv.capacity())) + " tokens");
-  }
-
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
   Scratch& s = scratch_;
@@ -191,7 +197,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int3
     backend_.rope(s.k.data(), n, c.n_kv_heads, c.head_dim, positions.data(), rope,
                   rope_pairs_interleaved_);
     // att[n, n_heads, head_dim] = softmax(q kᵀ / sqrt(head_dim)) v over positions 0..p
-    attend(l, s.q.data(), s.k.data(), s.v.data(), positions, kv, s.att.data());
+    attend_layer(l, s.q.data(), s.k.data(), s.v.data(), s.att.data());
     // xb[n, hidden] = att · Woᵀ ; x += xb
     backend_.matmul(*w.wo, w.bo, s.att.data(), n, s.xb.data());
     backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
@@ -207,17 +213,112 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int3
     backend_.matmul(*w.w_down, w.b_down, s.gate.data(), n, s.xb.data());
     backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
   }
+}
+
+void LlamaModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t n_out = static_cast<int64_t>(rows.size());
+  Scratch& s = scratch_;
+  // Only the rows whose logits were asked for go through the final norm and lm_head.
+  // rows_x[n_out, hidden] = x[rows]
+  s.rows.resize(n_out * hidden);
+  for (int64_t i = 0; i < n_out; ++i) {
+    std::copy_n(s.x.data() + int64_t{rows[i]} * hidden, hidden, s.rows.data() + i * hidden);
+  }
+  // rows_x = rms_norm(rows_x)
+  backend_.rms_norm(s.rows.data(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.data());
+  // logits[n_out, vocab] = rows_x · lm_headᵀ
+  logits->resize(static_cast<size_t>(n_out * c.vocab_size));
+  if (n_out > 0) backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, logits->data());
+}
+
+Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                           KvCache& kv, LogitsFor which, std::vector<float>* logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return invalid_argument("forward: empty batch");
+  if (positions.size() != tokens.size()) {
+    return invalid_argument("forward: " + std::to_string(tokens.size()) + " tokens but " +
+                            std::to_string(positions.size()) + " positions");
+  }
+  DS_RETURN_IF_ERROR(check_tokens(tokens));
+  for (int64_t t = 0; t < n; ++t) {
+    if (positions[t] != kv.n_tokens() + t) {
+      return invalid_argument("forward: positions must continue the sequence at " +
+                              std::to_string(kv.n_tokens()));
+    }
+  }
+  const int64_t end = kv.n_tokens() + n;
+  if (end > max_context_ || end > kv.capacity()) {
+    return invalid_argument("sequence of " + std::to_string(end) +
+                            " tokens exceeds the context of " +
+                            std::to_string(std::min(max_context_, kv.capacity())) + " tokens");
+  }
+
+  run_layers(tokens, positions,
+             [&](int l, const float* q, const float* k, const float* v, float* out) {
+               attend(l, q, k, v, positions, kv, out);
+             });
   kv.set_n_tokens(end);
 
-  // Only the rows whose logits were asked for go through the final norm and lm_head.
-  const int64_t first = which == LogitsFor::kLast ? n - 1 : 0;
-  const int64_t n_out = n - first;
-  // xb[n_out, hidden] = rms_norm(x[first:])
-  backend_.rms_norm(s.x.data() + first * hidden, *final_norm_, c.rms_norm_eps, n_out, hidden,
-                    s.xb.data());
-  // logits[n_out, vocab] = xb · lm_headᵀ
-  logits->resize(static_cast<size_t>(n_out * c.vocab_size));
-  backend_.matmul(*lm_head_, nullptr, s.xb.data(), n_out, logits->data());
+  std::vector<int32_t>& rows = scratch_.row_ids;
+  rows.clear();
+  for (int64_t t = which == LogitsFor::kLast ? n - 1 : 0; t < n; ++t) {
+    rows.push_back(static_cast<int32_t>(t));
+  }
+  compute_logits(rows, logits);
+  return Status::Ok();
+}
+
+Status LlamaModel::forward_batch(const ModelBatch& batch, PagedKvCache& cache,
+                                 std::vector<float>* logits) {
+  const int64_t n = batch.n_tokens();
+  const int64_t n_seqs = batch.n_seqs();
+  if (n == 0) return invalid_argument("forward_batch: empty batch");
+  if (batch.positions.size() != batch.tokens.size() ||
+      batch.seq_of_token.size() != batch.tokens.size() || n_seqs < 1) {
+    return invalid_argument("forward_batch: tokens, positions and seq_of_token differ in length");
+  }
+  DS_RETURN_IF_ERROR(check_tokens(batch.tokens));
+  const int64_t bs = cache.block_size();
+  std::vector<int64_t>& slots = scratch_.slots;
+  slots.resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t s = batch.seq_of_token[t];
+    const int32_t p = batch.positions[t];
+    if (s < 0 || s >= n_seqs) return invalid_argument("forward_batch: bad sequence index");
+    if (p < 0 || p >= max_context_) {
+      return invalid_argument("forward_batch: position " + std::to_string(p) +
+                              " outside the context of " + std::to_string(max_context_));
+    }
+    const int64_t first = batch.block_table_offsets[s];
+    const int64_t n_blocks = batch.block_table_offsets[s + 1] - first;
+    if (p / bs >= n_blocks) {
+      return invalid_argument("forward_batch: position " + std::to_string(p) +
+                              " beyond its block table");
+    }
+    const int32_t block = batch.block_tables[first + p / bs];
+    if (block < 0 || block >= cache.n_blocks())
+      return invalid_argument("forward_batch: block id out of range");
+    slots[t] = int64_t{block} * bs + p % bs;
+  }
+  for (int32_t r : batch.logits_rows) {
+    if (r < 0 || r >= n) return invalid_argument("forward_batch: logits row out of range");
+  }
+
+  PagedBatch pb;
+  pb.n_tokens = n;
+  pb.positions = batch.positions.data();
+  pb.seq_of_token = batch.seq_of_token.data();
+  pb.n_seqs = n_seqs;
+  pb.block_tables = batch.block_tables.data();
+  pb.block_table_offsets = batch.block_table_offsets.data();
+  pb.block_size = static_cast<int>(bs);
+  run_layers(batch.tokens, batch.positions,
+             [&](int l, const float* q, const float* k, const float* v, float* out) {
+               attend_paged(l, q, k, v, pb, slots.data(), cache, out);
+             });
+  compute_logits(batch.logits_rows, logits);
   return Status::Ok();
 }
 

@@ -6,7 +6,10 @@
 // load() checks every tensor's shape against the config and fails with a message
 // naming the tensor, the expected and the actual shape. forward() runs a batch of
 // tokens of ONE sequence through the Backend, appending their keys and values to a
-// KvCache, and returns logits for the positions asked for.
+// KvCache, and returns logits for the positions asked for. forward_batch() runs a
+// ragged batch of tokens of MANY sequences (one engine step) over a PagedKvCache, so
+// that each weight matrix is read once per step; both share one layer loop, and each
+// token's arithmetic does not depend on the other tokens of its batch.
 //
 // Thread-safety: forward() uses internal scratch buffers; drive one model from one
 // thread (the engine thread). The weights are shared read-only.
@@ -22,6 +25,8 @@
 #include "loader/model_files.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/model_batch.h"
+#include "model/paged_kv_cache.h"
 #include "model/rope.h"
 
 namespace dserve {
@@ -58,6 +63,16 @@ class LlamaModel {
   Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, KvCache& kv,
                  LogitsFor which, std::vector<float>* logits);
 
+  // A paged cache of n_blocks blocks of block_size tokens for forward_batch().
+  std::unique_ptr<PagedKvCache> new_paged_cache(int n_blocks, int block_size) const;
+
+  // Runs one engine step: batch.tokens of several sequences at their positions, each
+  // sequence's keys and values stored into `cache` through its block table before the
+  // attention reads them (a token attends to its sequence's positions 0..its own).
+  // Writes logits [batch.logits_rows.size(), vocab_size] into *logits.
+  // InvalidArgument for bad tokens, positions beyond max_context() or the block tables.
+  Status forward_batch(const ModelBatch& batch, PagedKvCache& cache, std::vector<float>* logits);
+
  private:
   struct LayerWeights {
     const TensorView* attn_norm = nullptr;  // [hidden]
@@ -80,14 +95,17 @@ class LlamaModel {
 
   // Activations for one batch, reused across calls (grown on demand).
   struct Scratch {
-    std::vector<float> x;     // [n, hidden]       the residual stream
-    std::vector<float> xb;    // [n, hidden]       normed input / block output
-    std::vector<float> q;     // [n, n_heads * head_dim]
-    std::vector<float> k;     // [n, n_kv_heads * head_dim]
-    std::vector<float> v;     // [n, n_kv_heads * head_dim]
-    std::vector<float> att;   // [n, n_heads * head_dim]
-    std::vector<float> gate;  // [n, intermediate]
-    std::vector<float> up;    // [n, intermediate]
+    std::vector<float> x;          // [n, hidden]       the residual stream
+    std::vector<float> xb;         // [n, hidden]       normed input / block output
+    std::vector<float> q;          // [n, n_heads * head_dim]
+    std::vector<float> k;          // [n, n_kv_heads * head_dim]
+    std::vector<float> v;          // [n, n_kv_heads * head_dim]
+    std::vector<float> att;        // [n, n_heads * head_dim]
+    std::vector<float> gate;       // [n, intermediate]
+    std::vector<float> up;         // [n, intermediate]
+    std::vector<float> rows;       // [n_out, hidden]  rows selected for logits
+    std::vector<int64_t> slots;    // [n] paged cache slots of the batch's tokens
+    std::vector<int32_t> row_ids;  // [n_out]
   };
 
   LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config);
@@ -99,6 +117,19 @@ class LlamaModel {
   //   out [n, n_heads * head_dim]
   void attend(int layer, const float* q, const float* k, const float* v,
               std::span<const int32_t> positions, KvCache& kv, float* out);
+  // The same seam over a paged cache: slots [n] are where the batch's keys go.
+  void attend_paged(int layer, const float* q, const float* k, const float* v,
+                    const PagedBatch& batch, const int64_t* slots, PagedKvCache& cache, float* out);
+
+  // The layer stack shared by forward() and forward_batch(): embeds tokens[n] at
+  // positions[n] into scratch_.x [n, hidden] and runs every layer, calling
+  // attend_layer(layer, q, k, v, out) for the attention.
+  template <typename AttendFn>
+  void run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                  AttendFn&& attend_layer);
+  // logits [rows.size(), vocab] from scratch_.x rows `rows` (final norm, lm_head).
+  void compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
+  Status check_tokens(std::span<const int32_t> tokens) const;
 
   std::unique_ptr<ModelFiles> files_;
   Backend& backend_;

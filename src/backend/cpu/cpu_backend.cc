@@ -33,6 +33,8 @@ namespace {
 // Below this many values an element-wise op runs on the calling thread: waking the
 // pool costs more than the work.
 constexpr int64_t kParallelElements = 1 << 15;
+// A multiple of every kernel vector width (in floats).
+constexpr int64_t kVectorAlign = 64;
 
 }  // namespace
 
@@ -89,8 +91,14 @@ void CpuBackend::silu_mul(const float* gate, const float* up, int64_t n, float* 
     kernels_.silu_mul_f32(gate, up, n, out);
     return;
   }
-  pool_.parallel_for(n, 4096, [&](int64_t begin, int64_t end, int) {
-    kernels_.silu_mul_f32(gate + begin, up + begin, end - begin, out + begin);
+  // Chunks start on multiples of kVectorAlign elements, so that an element takes the
+  // kernel's vector path (not its scalar tail, whose exp differs in the last bits)
+  // whatever n is: a token's activations do not depend on how many tokens share the
+  // batch.
+  const int64_t n_vec = (n + kVectorAlign - 1) / kVectorAlign;
+  pool_.parallel_for(n_vec, 4096 / kVectorAlign, [&](int64_t begin, int64_t end, int) {
+    const int64_t b = begin * kVectorAlign, e = std::min(n, end * kVectorAlign);
+    kernels_.silu_mul_f32(gate + b, up + b, e - b, out + b);
   });
 }
 

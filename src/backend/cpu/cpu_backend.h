@@ -39,6 +39,14 @@ class CpuBackend final : public Backend {
   void attention(const float* q, const float* k, const float* v, float* out, int64_t n_tokens,
                  const int32_t* positions, int64_t n_kv, int n_heads, int n_kv_heads,
                  int head_dim, int v_dim, float scale) override;
+  // Paged KV cache ops, in paged_attention.cc.
+  void kv_store(float* pool, int64_t row, const float* x, const int64_t* slots,
+                int64_t n) override;
+  void kv_gather(const float* pool, int64_t row, const int64_t* slots, int64_t n,
+                 float* out) override;
+  void paged_attention(const float* q, const float* k_pool, const float* v_pool, float* out,
+                       const PagedBatch& batch, int n_heads, int n_kv_heads, int head_dim,
+                       int v_dim, float scale) override;
 
  private:
   // A float copy of a small vector parameter (norm weight, bias) in any float dtype;
@@ -51,6 +59,18 @@ class CpuBackend final : public Backend {
   ScratchBuffer act_;                       // quantised activations of one matmul
   ScratchBuffer param_;                     // float copies of norm weights / biases
   std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
+
+  // A paged_attention tile: tokens [t0, t0 + n_tokens) of the batch (one sequence)
+  // times heads [h0, h0 + n_heads) (one KV group), reading keys 0..max_ctx - 1.
+  struct Tile {
+    int64_t t0;
+    int n_tokens;
+    int h0;
+    int n_heads;
+    int64_t max_ctx;
+  };
+  ScratchBuffer tiles_;     // [n_tiles] Tile, rebuilt by each paged_attention call
+  ScratchBuffer partials_;  // softmax state per (tile, key split) of paged_attention
 };
 
 }  // namespace dserve::cpu

@@ -77,6 +77,28 @@ using MatmulTileFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* 
 
 inline constexpr int kNumDTypes = 9;
 
+// One step of online-softmax attention (paged_attention.cc): n_q queries that share
+// a KV head against n_keys consecutive KV rows (a run of slots inside one block).
+// Query i sees only the first n_visible[i] of these keys (none when <= 0); it keeps
+// a running max m, sum of exponentials l and unnormalised output acc across steps:
+//   s_j = scale * q_i . k_j,   m' = max(m, max_j s_j),   c = exp(m - m'),
+//   l' = l c + sum_j exp(s_j - m'),   acc' = acc c + sum_j exp(s_j - m') v_j.
+// Start with m = -inf, l = 0, acc = 0; the output is acc / l.
+struct AttnStepArgs {
+  const float* const* q;     // [n_q] pointers to query rows [head_dim]
+  const int64_t* n_visible;  // [n_q]
+  int n_q;
+  const float* k;  // n_keys rows [head_dim], k_stride floats apart
+  const float* v;  // n_keys rows [v_dim], v_stride floats apart
+  int64_t k_stride, v_stride, n_keys;
+  int head_dim, v_dim;
+  float scale;
+  float* m;       // [n_q]
+  float* l;       // [n_q]
+  float* acc;     // [n_q, v_dim]
+  float* scores;  // [n_keys] scratch
+};
+
 struct KernelTable {
   CpuIsa isa;
   // x[k] -> one activation row (act_row_bytes bytes) in the given format.
@@ -93,6 +115,7 @@ struct KernelTable {
   void (*add_f32)(float* x, const float* y, int64_t n);  // x += y
   // x[i] = exp(x[i] - max) for i < n; returns the sum of the new values.
   float (*exp_sub_sum_f32)(float* x, float max, int64_t n);
+  void (*attn_step_f32)(const AttnStepArgs& a);  // see AttnStepArgs
 };
 
 const KernelTable& kernels_scalar();

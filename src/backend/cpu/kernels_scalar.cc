@@ -1,6 +1,7 @@
 // Scalar kernels: plain C++ for any CPU. They are the fallback level and, with the
 // same activation quantisation as the SIMD levels, the reference those are tested
 // against, so they favour clarity over speed.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -269,6 +270,28 @@ float exp_sub_sum_f32(float* x, float max, int64_t n) {
   return sum;
 }
 
+// The plain online-softmax step (kernels.h), one query at a time.
+void attn_step_f32(const AttnStepArgs& a) {
+  for (int i = 0; i < a.n_q; ++i) {
+    const int64_t n = std::min(a.n_keys, a.n_visible[i]);
+    if (n <= 0) continue;
+    float* s = a.scores;
+    float block_max = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = dot_f32(a.q[i], a.k + j * a.k_stride, a.head_dim) * a.scale;
+      block_max = std::fmax(block_max, s[j]);
+    }
+    const float m = std::fmax(a.m[i], block_max);
+    const float correction = std::exp(a.m[i] - m);  // 0 on the first step (m = -inf)
+    const float sum = exp_sub_sum_f32(s, m, n);
+    float* acc = a.acc + int64_t{i} * a.v_dim;
+    scale_f32(correction, acc, a.v_dim);
+    for (int64_t j = 0; j < n; ++j) axpy_f32(s[j], a.v + j * a.v_stride, acc, a.v_dim);
+    a.l[i] = a.l[i] * correction + sum;
+    a.m[i] = m;
+  }
+}
+
 KernelTable make_table() {
   KernelTable t{};
   t.isa = CpuIsa::kScalar;
@@ -290,6 +313,7 @@ KernelTable make_table() {
   t.silu_mul_f32 = silu_mul_f32;
   t.add_f32 = add_f32;
   t.exp_sub_sum_f32 = exp_sub_sum_f32;
+  t.attn_step_f32 = attn_step_f32;
   return t;
 }
 

@@ -53,6 +53,14 @@ inline int hsum256_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// The sums of a, b, c, d as the four lanes of one vector.
+inline __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_hadd_ps(a, b);  // a01 a23 b01 b23 | a45 a67 b45 b67
+  const __m256 cd = _mm256_hadd_ps(c, d);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
 // ---- integer dot-product primitives ----
 
 // acc + sum over each 4 bytes of u8(a) * s8(b), as 8 int32 lanes. Pairs of products
@@ -547,6 +555,14 @@ struct VecF {
     return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
   }
   static float sum(T v) { return _mm512_reduce_add_ps(v); }
+  // The sums of a, b, c, d as the four lanes of one vector.
+  static __m128 sum4(T a, T b, T c, T d) {
+    auto fold = [](T v) {
+      return _mm256_add_ps(_mm512_castps512_ps256(v),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    };
+    return hsum4_256(fold(a), fold(b), fold(c), fold(d));
+  }
 };
 #else
 struct VecF {
@@ -576,6 +592,7 @@ struct VecF {
     return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
   }
   static float sum(T v) { return hsum256(v); }
+  static __m128 sum4(T a, T b, T c, T d) { return hsum4_256(a, b, c, d); }
 };
 #endif
 
@@ -740,6 +757,100 @@ float exp_sub_sum_f32_x86(float* x, float max, int64_t n) {
   return sum;
 }
 
+// ---- attention ----
+
+// The online-softmax step (kernels.h). Query-major: the step's keys and values (at
+// most a block) stay in L1 while every query of the group reads them, so each K/V
+// row comes from memory once. Scores four keys at a time (independent accumulators,
+// one transposing reduction); the weighted sum of values four vectors of v_dim at a
+// time, so the FMA chains are independent.
+void attn_step_f32_x86(const AttnStepArgs& a) {
+  constexpr int W = VecF::kWidth;
+  const int hd = a.head_dim, vd = a.v_dim;
+  for (int i = 0; i < a.n_q; ++i) {
+    // (Plain comparisons, not std::min / std::fmax: see the top of this file.)
+    const int64_t n = a.n_visible[i] < a.n_keys ? a.n_visible[i] : a.n_keys;
+    if (n <= 0) continue;
+    const float* q = a.q[i];
+    float* s = a.scores;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      const float* k0 = a.k + j * a.k_stride;
+      const float* k1 = k0 + a.k_stride;
+      const float* k2 = k1 + a.k_stride;
+      const float* k3 = k2 + a.k_stride;
+      VecF::T c0 = VecF::zero(), c1 = VecF::zero(), c2 = VecF::zero(), c3 = VecF::zero();
+      int d = 0;
+      for (; d + W <= hd; d += W) {
+        const VecF::T qv = VecF::load(q + d);
+        c0 = VecF::fma(qv, VecF::load(k0 + d), c0);
+        c1 = VecF::fma(qv, VecF::load(k1 + d), c1);
+        c2 = VecF::fma(qv, VecF::load(k2 + d), c2);
+        c3 = VecF::fma(qv, VecF::load(k3 + d), c3);
+      }
+      __m128 sv = VecF::sum4(c0, c1, c2, c3);
+      if (d < hd) {
+        float t[4] = {0, 0, 0, 0};
+        for (; d < hd; ++d) {
+          t[0] += q[d] * k0[d];
+          t[1] += q[d] * k1[d];
+          t[2] += q[d] * k2[d];
+          t[3] += q[d] * k3[d];
+        }
+        sv = _mm_add_ps(sv, _mm_loadu_ps(t));
+      }
+      _mm_storeu_ps(s + j, _mm_mul_ps(sv, _mm_set1_ps(a.scale)));
+    }
+    for (; j < n; ++j) s[j] = dot_f32_x86(q, a.k + j * a.k_stride, hd) * a.scale;
+    float block_max = s[0];
+    for (j = 1; j < n; ++j) block_max = s[j] > block_max ? s[j] : block_max;
+
+    const float m = a.m[i] > block_max ? a.m[i] : block_max;
+    const float correction = std::exp(a.m[i] - m);  // 0 on the first step (m = -inf)
+    const float sum = exp_sub_sum_f32_x86(s, m, n);
+    a.l[i] = a.l[i] * correction + sum;
+    a.m[i] = m;
+
+    float* acc = a.acc + int64_t{i} * vd;
+    const VecF::T cv = VecF::set1(correction);
+    int d = 0;
+    for (; d + 4 * W <= vd; d += 4 * W) {
+      VecF::T r0 = VecF::mul(VecF::load(acc + d), cv);
+      VecF::T r1 = VecF::mul(VecF::load(acc + d + W), cv);
+      VecF::T r2 = VecF::mul(VecF::load(acc + d + 2 * W), cv);
+      VecF::T r3 = VecF::mul(VecF::load(acc + d + 3 * W), cv);
+      for (int64_t jj = 0; jj < n; ++jj) {
+        const float* vr = a.v + jj * a.v_stride + d;
+        const VecF::T p = VecF::set1(s[jj]);
+        r0 = VecF::fma(p, VecF::load(vr), r0);
+        r1 = VecF::fma(p, VecF::load(vr + W), r1);
+        r2 = VecF::fma(p, VecF::load(vr + 2 * W), r2);
+        r3 = VecF::fma(p, VecF::load(vr + 3 * W), r3);
+      }
+      VecF::store(acc + d, r0);
+      VecF::store(acc + d + W, r1);
+      VecF::store(acc + d + 2 * W, r2);
+      VecF::store(acc + d + 3 * W, r3);
+    }
+    for (; d + W <= vd; d += W) {
+      VecF::T r0 = VecF::mul(VecF::load(acc + d), cv), r1 = VecF::zero();
+      int64_t jj = 0;
+      for (; jj + 2 <= n; jj += 2) {
+        const float* vr = a.v + jj * a.v_stride + d;
+        r0 = VecF::fma(VecF::set1(s[jj]), VecF::load(vr), r0);
+        r1 = VecF::fma(VecF::set1(s[jj + 1]), VecF::load(vr + a.v_stride), r1);
+      }
+      if (jj < n) r0 = VecF::fma(VecF::set1(s[jj]), VecF::load(a.v + jj * a.v_stride + d), r0);
+      VecF::store(acc + d, VecF::add(r0, r1));
+    }
+    for (; d < vd; ++d) {
+      float r = acc[d] * correction;
+      for (int64_t jj = 0; jj < n; ++jj) r += s[jj] * a.v[jj * a.v_stride + d];
+      acc[d] = r;
+    }
+  }
+}
+
 KernelTable make_x86_table(CpuIsa isa) {
   KernelTable t{};
   t.isa = isa;
@@ -761,6 +872,7 @@ KernelTable make_x86_table(CpuIsa isa) {
   t.silu_mul_f32 = silu_mul_f32_x86;
   t.add_f32 = add_f32_x86;
   t.exp_sub_sum_f32 = exp_sub_sum_f32_x86;
+  t.attn_step_f32 = attn_step_f32_x86;
   return t;
 }
 

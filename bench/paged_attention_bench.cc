@@ -1,0 +1,163 @@
+// Paged attention micro-benchmarks: a decode step (one token per sequence, each at
+// the end of its context) and a prefill chunk over a paged KV pool with shuffled
+// block tables, against the contiguous attention() run per sequence for the same
+// work. Reports the K/V bytes read per second ("bytes_per_second") and decode
+// tokens (query heads) per second.
+//
+// Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
+// DSERVE_BENCH_THREADS (default: all cores).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace dserve {
+namespace {
+
+Backend& backend() {
+  static std::unique_ptr<Backend> b = [] {
+    CpuBackendOptions options;
+    if (const char* isa = std::getenv("DSERVE_BENCH_ISA")) options.isa = isa;
+    if (const char* n = std::getenv("DSERVE_BENCH_THREADS")) options.n_threads = std::atoi(n);
+    return make_cpu_backend(options);
+  }();
+  return *b;
+}
+
+struct Case {
+  int n_seqs, n_ctx, n_new;  // each sequence: n_ctx positions, the last n_new queried
+  int n_heads, n_kv_heads, head_dim, block_size;
+};
+
+// A pool holding n_seqs sequences of n_ctx positions in shuffled blocks.
+struct PagedSetup {
+  explicit PagedSetup(const Case& c) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist;
+    const int blocks_per_seq = (c.n_ctx + c.block_size - 1) / c.block_size;
+    const int n_blocks = c.n_seqs * blocks_per_seq;
+    std::vector<int32_t> ids(n_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    tables = ids;
+    for (int s = 0; s <= c.n_seqs; ++s) offsets.push_back(int64_t{s} * blocks_per_seq);
+    const int64_t row = int64_t{c.n_kv_heads} * c.head_dim;
+    k_pool.resize(int64_t{n_blocks} * c.block_size * row);
+    v_pool.resize(k_pool.size());
+    for (auto& x : k_pool) x = dist(rng);
+    for (auto& x : v_pool) x = dist(rng);
+    for (int s = 0; s < c.n_seqs; ++s) {
+      for (int p = c.n_ctx - c.n_new; p < c.n_ctx; ++p) {
+        seq_of_token.push_back(s);
+        positions.push_back(p);
+      }
+    }
+    const int64_t n_tokens = static_cast<int64_t>(positions.size());
+    q.resize(n_tokens * c.n_heads * c.head_dim);
+    for (auto& x : q) x = dist(rng);
+    out.resize(q.size());
+    batch.n_tokens = n_tokens;
+    batch.positions = positions.data();
+    batch.seq_of_token = seq_of_token.data();
+    batch.n_seqs = c.n_seqs;
+    batch.block_tables = tables.data();
+    batch.block_table_offsets = offsets.data();
+    batch.block_size = c.block_size;
+  }
+  std::vector<int32_t> tables, seq_of_token, positions;
+  std::vector<int64_t> offsets;
+  std::vector<float> k_pool, v_pool, q, out;
+  PagedBatch batch;
+};
+
+void set_counters(benchmark::State& state, const Case& c) {
+  // Every query's K and V rows: the bytes one pass over the cache reads.
+  const double kv_bytes = 2.0 * c.n_seqs * c.n_ctx * c.n_kv_heads * c.head_dim * sizeof(float);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kv_bytes));
+  state.counters["tokens/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * c.n_seqs * c.n_new, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(backend().name()));
+}
+
+void bm_paged(benchmark::State& state, Case c) {
+  PagedSetup p(c);
+  Backend& b = backend();
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  for (auto _ : state) {
+    b.paged_attention(p.q.data(), p.k_pool.data(), p.v_pool.data(), p.out.data(), p.batch,
+                      c.n_heads, c.n_kv_heads, c.head_dim, c.head_dim, scale);
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  set_counters(state, c);
+}
+
+// The same work with contiguous K/V: attention() once per sequence.
+void bm_contiguous(benchmark::State& state, Case c) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  const int64_t row = int64_t{c.n_kv_heads} * c.head_dim;
+  std::vector<std::vector<float>> k(c.n_seqs), v(c.n_seqs);
+  for (int s = 0; s < c.n_seqs; ++s) {
+    k[s].resize(c.n_ctx * row);
+    v[s].resize(c.n_ctx * row);
+    for (auto& x : k[s]) x = dist(rng);
+    for (auto& x : v[s]) x = dist(rng);
+  }
+  std::vector<int32_t> pos(c.n_new);
+  std::iota(pos.begin(), pos.end(), c.n_ctx - c.n_new);
+  std::vector<float> q(int64_t{c.n_new} * c.n_heads * c.head_dim), out(q.size());
+  for (auto& x : q) x = dist(rng);
+  Backend& b = backend();
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  for (auto _ : state) {
+    for (int s = 0; s < c.n_seqs; ++s) {
+      b.attention(q.data(), k[s].data(), v[s].data(), out.data(), c.n_new, pos.data(), c.n_ctx,
+                  c.n_heads, c.n_kv_heads, c.head_dim, c.head_dim, scale);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  set_counters(state, c);
+}
+
+}  // namespace
+}  // namespace dserve
+
+int main(int argc, char** argv) {
+  using namespace dserve;
+  struct Named {
+    const char* name;
+    Case c;
+  };
+  const Named cases[] = {
+      {"decode/8x2048/h9kv3d64/b16", {8, 2048, 1, 9, 3, 64, 16}},
+      {"decode/8x2048/h9kv3d64/b128", {8, 2048, 1, 9, 3, 64, 128}},
+      {"decode/32x1024/h32kv8d128/b16", {32, 1024, 1, 32, 8, 128, 16}},
+      {"prefill/1x512of2048/h9kv3d64/b16", {1, 2048, 512, 9, 3, 64, 16}},
+  };
+  auto min_stat = [](const std::vector<double>& v) {
+    return *std::min_element(v.begin(), v.end());
+  };
+  for (const Named& n : cases) {
+    for (bool paged : {true, false}) {
+      const std::string name = std::string(paged ? "paged/" : "contiguous/") + n.name;
+      benchmark::RegisterBenchmark(name.c_str(), paged ? bm_paged : bm_contiguous, n.c)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime()
+          // On a shared machine the fastest repetition is the least disturbed one:
+          // run with --benchmark_repetitions=N and read the "_min" rows.
+          ->ComputeStatistics("min", min_stat, benchmark::StatisticUnit::kTime);
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

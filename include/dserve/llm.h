@@ -1,0 +1,88 @@
+// dserve's offline entry point, in the manner of vLLM's `LLM`: load a model once, then
+// generate(prompts, sampling options) -> one output per prompt, running the serving
+// engine (continuous batching over a paged KV cache) until every prompt has finished.
+//
+//   auto llm = dserve::LLM::create("model.gguf", {.max_num_seqs = 64});
+//   auto outs = (*llm)->generate({"Hello,"}, {.temperature = 0, .max_tokens = 32});
+//
+// Text prompts need the model's tokenizer; id prompts do not (tiny test checkpoints
+// without one generate ids, with empty text). Stop strings are matched on the decoded
+// text (and end the request in the engine); the stop string itself is not returned.
+//
+// Thread-safety: not thread-safe; one thread drives one LLM.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/llm_engine.h"
+#include "sampling/sampling_params.h"
+
+namespace dserve {
+
+class Backend;
+class Tokenizer;
+
+struct LlmOptions {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int block_size = 16;
+  int64_t kv_cache_memory = int64_t{1} << 30;  // bytes for the paged KV cache
+  int max_model_len = 0;                       // 0: the model's context
+  bool enable_prefix_caching = true;
+  int n_threads = 0;  // 0: one per core
+  std::string isa;    // force "scalar", "avx2" or "avx512" kernels; empty: best available
+};
+
+// One prompt: text (tokenized with special tokens) or token ids.
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> ids;  // used when non-empty
+};
+
+struct CompletionOutput {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> token_ids;      // generated, without a final stop id
+  std::string text;                    // decoded (empty without a tokenizer)
+  std::string finish_reason;           // "stop", "length" or "abort"
+  std::vector<SampleResult> logprobs;  // with SamplingOptions::logprobs, per token
+};
+
+class LLM {
+ public:
+  static Result<std::unique_ptr<LLM>> create(const std::string& model_path,
+                                             const LlmOptions& options = {});
+  ~LLM();
+  LLM(const LLM&) = delete;
+  LLM& operator=(const LLM&) = delete;
+
+  // Runs every prompt to completion. A bad prompt or sampling option fails the call
+  // before any prompt runs (prompts already queued are aborted).
+  Result<std::vector<CompletionOutput>> generate(const std::vector<Prompt>& prompts,
+                                                 const SamplingOptions& options);
+  Result<std::vector<CompletionOutput>> generate(const std::vector<std::string>& prompts,
+                                                 const SamplingOptions& options);
+  Result<std::vector<CompletionOutput>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                 const SamplingOptions& options);
+  // options[i] for prompts[i] (e.g. per-request max_tokens in a benchmark).
+  Result<std::vector<CompletionOutput>> generate(const std::vector<Prompt>& prompts,
+                                                 const std::vector<SamplingOptions>& options);
+
+  LlmEngine& engine() { return *engine_; }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  int64_t vocab_size() const;
+
+ private:
+  LLM() = default;
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CausalLm> model_;  // before engine_: the engine borrows it
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<LlmEngine> engine_;
+  RequestId next_id_ = 0;
+};
+
+}  // namespace dserve

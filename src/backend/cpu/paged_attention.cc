@@ -1,0 +1,306 @@
+// CpuBackend's paged KV cache ops: kv_store / kv_gather (row copies between a dense
+// batch and pool slots) and paged_attention (causal GQA for a ragged batch of tokens
+// from several sequences, each reading its keys and values through its block table).
+//
+// paged_attention: one pass over the keys with an online softmax, no gather copy.
+// A tile is a set of queries that share a KV head (the GQA group of a decode token,
+// or a few consecutive tokens of a prefill chunk times their group). A tile walks its
+// sequence's block table and hands each run of consecutive slots to the kernel
+// table's attn_step_f32 (kernels.h), so each K/V row is read from memory once per
+// tile.
+//
+// Batch invariance: a token's output is bit-for-bit the same whatever else is in the
+// batch and however many threads run it (the engine relies on this: a request gives
+// the same tokens alone and in a full batch). So every query's arithmetic depends
+// only on its own position: keys are processed in fixed splits of kSplitKeys
+// positions, each split in fixed steps (block boundaries and kKeyStep), with its own
+// softmax state, and the split states are folded in order by one function. Whether
+// a tile's splits run in one task (many tiles) or as parallel tasks merged
+// afterwards (few tiles, long contexts) changes only the schedule.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/check.h"
+
+namespace dserve::cpu {
+namespace {
+
+// Below this many floats a row copy runs on the calling thread.
+constexpr int64_t kParallelCopyFloats = 1 << 15;
+
+// Most queries in one tile (its state lives in scratch), and most keys per kernel
+// step: 32 rows of K and V of a 128-dim head are 32 KiB, which stay in L1 / L2 while
+// every query of the tile reads them.
+constexpr int kMaxQueries = 16;
+constexpr int64_t kKeyStep = 32;
+
+// Keys per split (a multiple of kKeyStep). Folding a split costs about v_dim per
+// query, nothing next to its kSplitKeys * (head_dim + v_dim).
+constexpr int64_t kSplitKeys = 256;
+
+// Most floats of split state kept for a merge pass; beyond it the splits of a tile
+// run in one task.
+constexpr int64_t kMaxPartialFloats = int64_t{1} << 23;
+
+// Prefetches n rows of `len` floats, `stride` floats apart: every cache line each
+// row touches.
+inline void prefetch_rows(const float* p, int64_t stride, int len, int64_t n) {
+  constexpr uintptr_t kLine = 64;
+  for (int64_t j = 0; j < n; ++j, p += stride) {
+    const uintptr_t last = reinterpret_cast<uintptr_t>(p + len - 1);
+    for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1); a <= last; a += kLine) {
+      __builtin_prefetch(reinterpret_cast<const void*>(a));
+    }
+  }
+}
+
+// Online-softmax state of up to kMaxQueries queries, in one float array:
+// m [kMaxQueries], l [kMaxQueries], acc [kMaxQueries, v_dim].
+struct SoftmaxState {
+  float* m;
+  float* l;
+  float* acc;
+  int v_dim;
+
+  static int64_t floats(int v_dim) { return 2 * kMaxQueries + int64_t{kMaxQueries} * v_dim; }
+  static SoftmaxState at(float* p, int v_dim) {
+    return {p, p + kMaxQueries, p + 2 * kMaxQueries, v_dim};
+  }
+  // No keys seen: m = -inf, l = 0, acc = 0.
+  void clear(int n_q) const {
+    std::fill_n(m, n_q, -INFINITY);
+    std::fill_n(l, n_q, 0.0f);
+    std::fill_n(acc, static_cast<size_t>(n_q) * v_dim, 0.0f);
+  }
+  // Folds `s` (a later split) into this state: with M = max(m, s.m),
+  // l = l e^(m - M) + s.l e^(s.m - M), acc likewise. Folding into a cleared state
+  // copies s exactly; a query s saw no key of is left as it is.
+  void fold(const SoftmaxState& s, int n_q, const KernelTable& k) const {
+    for (int i = 0; i < n_q; ++i) {
+      if (s.l[i] == 0.0f) continue;
+      const float mx = std::fmax(m[i], s.m[i]);  // finite: s saw a key
+      const float a = std::exp(m[i] - mx), b = std::exp(s.m[i] - mx);
+      float* dst = acc + int64_t{i} * v_dim;
+      k.scale_f32(a, dst, v_dim);
+      k.axpy_f32(b, s.acc + int64_t{i} * v_dim, dst, v_dim);
+      l[i] = l[i] * a + s.l[i] * b;
+      m[i] = mx;
+    }
+  }
+};
+
+}  // namespace
+
+void CpuBackend::kv_store(float* pool, int64_t row, const float* x, const int64_t* slots,
+                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    DS_CHECK_MSG(slots[i] >= 0, "negative KV slot %lld", static_cast<long long>(slots[i]));
+  }
+  auto rows = [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(pool + slots[i] * row, x + i * row, static_cast<size_t>(row) * sizeof(float));
+    }
+  };
+  if (n * row < kParallelCopyFloats) {
+    rows(0, n, 0);
+  } else {
+    pool_.parallel_for(n, 1, rows);
+  }
+}
+
+void CpuBackend::kv_gather(const float* pool, int64_t row, const int64_t* slots, int64_t n,
+                           float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    DS_CHECK_MSG(slots[i] >= 0, "negative KV slot %lld", static_cast<long long>(slots[i]));
+  }
+  auto rows = [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(out + i * row, pool + slots[i] * row, static_cast<size_t>(row) * sizeof(float));
+    }
+  };
+  if (n * row < kParallelCopyFloats) {
+    rows(0, n, 0);
+  } else {
+    pool_.parallel_for(n, 1, rows);
+  }
+}
+
+void CpuBackend::paged_attention(const float* q, const float* k_pool, const float* v_pool,
+                                 float* out, const PagedBatch& batch, int n_heads, int n_kv_heads,
+                                 int head_dim, int v_dim, float scale) {
+  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  DS_CHECK(batch.block_size > 0);
+  const int64_t n_tokens = batch.n_tokens;
+  const int64_t bs = batch.block_size;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int32_t s = batch.seq_of_token[t];
+    DS_CHECK_MSG(s >= 0 && s < batch.n_seqs, "token %lld: sequence %d out of range",
+                 static_cast<long long>(t), s);
+    const int64_t n_blocks = batch.block_table_offsets[s + 1] - batch.block_table_offsets[s];
+    DS_CHECK_MSG(batch.positions[t] >= 0 && batch.positions[t] < n_blocks * bs,
+                 "token %lld: position %d beyond its block table (%lld blocks of %lld)",
+                 static_cast<long long>(t), batch.positions[t], static_cast<long long>(n_blocks),
+                 static_cast<long long>(bs));
+  }
+  for (int64_t s = 0; s < batch.n_seqs; ++s) {
+    for (int64_t i = batch.block_table_offsets[s]; i < batch.block_table_offsets[s + 1]; ++i) {
+      DS_CHECK_MSG(batch.block_tables[i] >= 0, "sequence %lld: negative block id %d",
+                   static_cast<long long>(s), batch.block_tables[i]);
+    }
+  }
+  if (n_tokens == 0) return;
+  const int group = n_heads / n_kv_heads;
+
+  // Tiles: a run of up to max_run consecutive batch tokens of one sequence times up to
+  // kMaxQueries / run heads of one KV group.
+  const int heads_per_tile = std::min(group, kMaxQueries);
+  const int64_t max_run = std::max(1, kMaxQueries / heads_per_tile);
+  const int64_t head_chunks = (group + heads_per_tile - 1) / heads_per_tile;
+  Tile* tiles = tiles_.get_as<Tile>(n_tokens * n_kv_heads * head_chunks);
+  int64_t n_tiles = 0;
+  int64_t longest = 0;  // the most keys any tile reads
+  for (int64_t t = 0; t < n_tokens;) {
+    int64_t end = t + 1, max_ctx = int64_t{batch.positions[t]} + 1;
+    while (end < n_tokens && end - t < max_run &&
+           batch.seq_of_token[end] == batch.seq_of_token[t]) {
+      max_ctx = std::max(max_ctx, int64_t{batch.positions[end]} + 1);
+      ++end;
+    }
+    longest = std::max(longest, max_ctx);
+    for (int kvh = 0; kvh < n_kv_heads; ++kvh) {
+      for (int h = 0; h < group; h += heads_per_tile) {
+        tiles[n_tiles++] = {t, static_cast<int>(end - t), kvh * group + h,
+                            std::min(heads_per_tile, group - h), max_ctx};
+      }
+    }
+    t = end;
+  }
+
+  // Schedule: one task per tile, or, when that leaves threads idle and the contexts
+  // are long, one task per (tile, split) and a merge pass.
+  const int64_t state_floats = SoftmaxState::floats(v_dim);
+  const int64_t n_splits = (longest + kSplitKeys - 1) / kSplitKeys;
+  const bool split_tasks = n_splits > 1 && n_tiles < 2 * int64_t{pool_.n_threads()} &&
+                           n_tiles * n_splits * state_floats <= kMaxPartialFloats;
+  // Per thread: two states (running and split) and the scores of one step.
+  for (auto& buf : per_thread_) buf.get((2 * state_floats + kKeyStep) * sizeof(float));
+  float* partials =
+      split_tasks ? partials_.get_as<float>(n_tiles * n_splits * state_floats) : nullptr;
+
+  const int64_t k_stride = int64_t{n_kv_heads} * head_dim;  // floats between slots
+  const int64_t v_stride = int64_t{n_kv_heads} * v_dim;
+
+  // Runs split `split` of `tile` into `st` (cleared first); scores: [kKeyStep] scratch.
+  auto run_split = [&](const Tile& tile, int64_t split, const SoftmaxState& st, float* scores) {
+    const int kvh = tile.h0 / group;
+    const int n_q = tile.n_tokens * tile.n_heads;
+    st.clear(n_q);
+    const int64_t begin = split * kSplitKeys;
+    const int64_t end = std::min(begin + kSplitKeys, tile.max_ctx);
+    if (begin >= end) return;
+    const int32_t* table =
+        batch.block_tables + batch.block_table_offsets[batch.seq_of_token[tile.t0]];
+    const float* q_rows[kMaxQueries];  // query i: token t0 + i / n_heads, head h0 + i % n_heads
+    int64_t n_visible[kMaxQueries];    // keys of the current step query i sees
+    int64_t n_ctx[kMaxQueries];        // query i sees positions 0..n_ctx - 1
+    for (int i = 0; i < n_q; ++i) {
+      const int64_t t = tile.t0 + i / tile.n_heads;
+      q_rows[i] = q + (t * n_heads + tile.h0 + i % tile.n_heads) * head_dim;
+      n_ctx[i] = int64_t{batch.positions[t]} + 1;
+    }
+    AttnStepArgs args{};
+    args.q = q_rows;
+    args.n_visible = n_visible;
+    args.n_q = n_q;
+    args.k_stride = k_stride;
+    args.v_stride = v_stride;
+    args.head_dim = head_dim;
+    args.v_dim = v_dim;
+    args.scale = scale;
+    args.m = st.m;
+    args.l = st.l;
+    args.acc = st.acc;
+    args.scores = scores;
+
+    // Steps end at block boundaries, every kKeyStep keys inside a block, and at `end`
+    // (which cuts only the last step of the tile's last query; the kernel cuts the
+    // others at n_visible). A step's rows are prefetched one step ahead: blocks are
+    // scattered, and a head's slice of a slot is only part of the row, so the hardware
+    // prefetcher cannot follow on its own.
+    auto step_at = [&](int64_t p0, int64_t* slot) {
+      *slot = int64_t{table[p0 / bs]} * bs + p0 % bs;
+      return std::min({kKeyStep, bs - p0 % bs, end - p0});
+    };
+    const float* k_head = k_pool + int64_t{kvh} * head_dim;
+    const float* v_head = v_pool + int64_t{kvh} * v_dim;
+    int64_t slot = 0;
+    int64_t n_keys = step_at(begin, &slot);
+    for (int64_t p0 = begin; p0 < end;) {
+      const int64_t p1 = p0 + n_keys;
+      int64_t next_slot = 0, next_n_keys = 0;
+      if (p1 < end) {
+        next_n_keys = step_at(p1, &next_slot);
+        prefetch_rows(k_head + next_slot * k_stride, k_stride, head_dim, next_n_keys);
+        prefetch_rows(v_head + next_slot * v_stride, v_stride, v_dim, next_n_keys);
+      }
+      for (int i = 0; i < n_q; ++i) n_visible[i] = n_ctx[i] - p0;
+      args.k = k_head + slot * k_stride;
+      args.v = v_head + slot * v_stride;
+      args.n_keys = n_keys;
+      kernels_.attn_step_f32(args);
+      p0 = p1;
+      slot = next_slot;
+      n_keys = next_n_keys;
+    }
+  };
+
+  // out rows of a tile's queries from their folded state (l >= 1: each query's
+  // largest score contributes exp(0)).
+  auto finish = [&](const Tile& tile, const SoftmaxState& st) {
+    for (int i = 0; i < tile.n_tokens * tile.n_heads; ++i) {
+      const int64_t t = tile.t0 + i / tile.n_heads;
+      float* o = out + (t * n_heads + tile.h0 + i % tile.n_heads) * v_dim;  // [v_dim]
+      const float inv = 1.0f / st.l[i];
+      const float* a = st.acc + int64_t{i} * v_dim;
+      for (int d = 0; d < v_dim; ++d) o[d] = a[d] * inv;
+    }
+  };
+
+  if (!split_tasks) {
+    pool_.run(n_tiles, [&](int64_t ti, int thread) {
+      const Tile& tile = tiles[ti];
+      const int n_q = tile.n_tokens * tile.n_heads;
+      float* scratch = per_thread_[thread].get_as<float>(2 * state_floats + kKeyStep);
+      const SoftmaxState total = SoftmaxState::at(scratch, v_dim);
+      const SoftmaxState part = SoftmaxState::at(scratch + state_floats, v_dim);
+      total.clear(n_q);
+      for (int64_t sp = 0; sp * kSplitKeys < tile.max_ctx; ++sp) {
+        run_split(tile, sp, part, scratch + 2 * state_floats);
+        total.fold(part, n_q, kernels_);
+      }
+      finish(tile, total);
+    });
+    return;
+  }
+  pool_.run(n_tiles * n_splits, [&](int64_t task, int thread) {
+    float* scores = per_thread_[thread].get_as<float>(2 * state_floats + kKeyStep);
+    run_split(tiles[task / n_splits], task % n_splits,
+              SoftmaxState::at(partials + task * state_floats, v_dim), scores);
+  });
+  pool_.run(n_tiles, [&](int64_t ti, int thread) {
+    const Tile& tile = tiles[ti];
+    const int n_q = tile.n_tokens * tile.n_heads;
+    const SoftmaxState total =
+        SoftmaxState::at(per_thread_[thread].get_as<float>(state_floats), v_dim);
+    total.clear(n_q);
+    for (int64_t sp = 0; sp < n_splits; ++sp) {
+      total.fold(SoftmaxState::at(partials + (ti * n_splits + sp) * state_floats, v_dim), n_q,
+                 kernels_);
+    }
+    finish(tile, total);
+  });
+}
+
+}  // namespace dserve::cpu

@@ -1,0 +1,34 @@
+// `dserve bench throughput`: offline throughput as vLLM's `vllm bench throughput`
+// measures it: N prompts (random token ids, or ShareGPT conversations) submitted at
+// once to the engine through the public LLM API, ignore_eos on, timed from the first
+// step to the last output; prints requests/s, input, output and total tokens/s.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cli/cli_common.h"
+
+namespace dserve::cli {
+
+struct BenchThroughputOptions {
+  CommonOptions common;
+  std::string dataset_name = "random";  // "random" or "sharegpt"
+  std::string dataset_path;             // ShareGPT JSON (sharegpt only)
+  int num_prompts = 100;
+  int input_len = 1024;  // random: prompt tokens
+  int output_len = 0;  // generated tokens; 0: 128 (random) or the reply's length (sharegpt)
+  uint64_t seed = 0;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int block_size = 16;
+  int64_t kv_cache_memory = int64_t{1} << 30;
+  int max_model_len = 0;
+  bool no_enable_prefix_caching = false;
+  std::string output_json;  // also write the results here
+};
+
+// Returns the process exit code; errors are reported as one line on stderr.
+int run_bench_throughput(const BenchThroughputOptions& options);
+
+}  // namespace dserve::cli

@@ -1,0 +1,239 @@
+#include "engine/llm_engine.h"
+
+#include <algorithm>
+#include <string>
+
+#include "base/check.h"
+#include "base/log.h"
+
+namespace dserve {
+
+Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
+                                                     const EngineConfig& config_in) {
+  EngineConfig config = config_in;
+  const ModelInfo& info = model.info();
+  if (config.max_model_len == 0) {
+    config.max_model_len =
+        static_cast<int>(std::min<int64_t>(info.max_position_embeddings, 1 << 30));
+  }
+  if (config.max_model_len < 2) {
+    return invalid_argument("max_model_len must be >= 2, got " +
+                            std::to_string(config.max_model_len));
+  }
+  if (config.max_model_len > info.max_position_embeddings) {
+    return invalid_argument("max_model_len " + std::to_string(config.max_model_len) +
+                            " exceeds the model's context of " +
+                            std::to_string(info.max_position_embeddings));
+  }
+  if (config.block_size < 1) {
+    return invalid_argument("block_size must be >= 1, got " + std::to_string(config.block_size));
+  }
+  const size_t bytes_per_token = model.paged_bytes_per_token();
+  if (bytes_per_token == 0) {
+    return unimplemented(info.architecture +
+                         ": the serving engine needs a paged KV cache, "
+                         "which this architecture does not have yet");
+  }
+  const int64_t bytes_per_block =
+      int64_t{config.block_size} * static_cast<int64_t>(bytes_per_token);
+  const int64_t n_blocks64 = config.kv_cache_memory / bytes_per_block;
+  // One request of max_model_len keeps max_model_len - 1 tokens in the cache.
+  const int64_t need_blocks =
+      (int64_t{config.max_model_len} - 1 + config.block_size - 1) / config.block_size;
+  if (n_blocks64 < need_blocks) {
+    const int64_t fits = n_blocks64 * config.block_size + 1;
+    return Status(
+        StatusCode::kResourceExhausted,
+        "kv_cache_memory " + std::to_string(config.kv_cache_memory) + " bytes holds " +
+            std::to_string(n_blocks64) + " blocks of " + std::to_string(config.block_size) +
+            " tokens (" + std::to_string(bytes_per_token) + " bytes/token), but max_model_len " +
+            std::to_string(config.max_model_len) + " needs " + std::to_string(need_blocks) +
+            " blocks: use --kv-cache-memory " + std::to_string(need_blocks * bytes_per_block) +
+            " or more" +
+            (fits >= 2 ? ", or --max-model-len " + std::to_string(fits) + " or less" : ""));
+  }
+  const int n_blocks =
+      static_cast<int>(std::min<int64_t>(n_blocks64, INT32_MAX / config.block_size));
+
+  sched::SchedulerConfig sc;
+  sc.max_num_batched_tokens = config.max_num_batched_tokens;
+  sc.max_num_seqs = config.max_num_seqs;
+  sc.max_model_len = config.max_model_len;
+  kvcache::KvCacheConfig kc;
+  kc.n_blocks = n_blocks;
+  kc.block_size = config.block_size;
+  kc.enable_prefix_caching = config.enable_prefix_caching;
+  kc.extra_key = kvcache::hash_string(info.architecture);
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<sched::Scheduler> scheduler,
+                      sched::Scheduler::create(sc, kc));
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<PagedCache> cache,
+                      model.new_paged_cache(n_blocks, config.block_size));
+  DS_LOG_INFO(
+      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB ({} bytes/token); "
+      "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix caching {}",
+      n_blocks, config.block_size, int64_t{n_blocks} * config.block_size,
+      cache->total_bytes() / (1024.0 * 1024.0), bytes_per_token, config.max_model_len,
+      config.max_num_seqs, config.max_num_batched_tokens,
+      config.enable_prefix_caching ? "on" : "off");
+  return std::unique_ptr<LlmEngine>(
+      new LlmEngine(model, config, std::move(scheduler), std::move(cache)));
+}
+
+LlmEngine::LlmEngine(CausalLm& model, const EngineConfig& config,
+                     std::unique_ptr<sched::Scheduler> s, std::unique_ptr<PagedCache> cache)
+    : model_(model),
+      config_(config),
+      scheduler_(std::move(s)),
+      cache_(std::move(cache)),
+      sampler_(nullptr),
+      entropy_(std::random_device{}()) {
+  eos_ids_ = model.info().eos_ids;
+  for (int32_t id : config.extra_eos_ids) {
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
+  }
+}
+
+Status LlmEngine::add_request(RequestId id, std::vector<int32_t> prompt,
+                              const SamplingOptions& options) {
+  const std::string who = "request " + std::to_string(id) + ": ";
+  DS_ASSIGN_OR_RETURN(SamplingParams params, SamplingParams::create(options));
+  if (params.n() != 1) return unimplemented(who + "n > 1 is not supported by the engine yet");
+  const int64_t vocab = model_.info().vocab_size;
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= vocab) {
+      return invalid_argument(who + "token id " + std::to_string(t) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (states_.count(id) != 0) return invalid_argument(who + "duplicate request id");
+  auto state = std::make_unique<SamplingState>(params, prompt, eos_ids_, entropy_());
+  sched::RequestSpec spec;
+  spec.id = id;
+  spec.prompt = std::move(prompt);
+  spec.max_tokens = params.max_tokens();
+  spec.min_tokens = params.min_tokens();
+  spec.stop_token_ids.assign(state->stop_ids().begin(), state->stop_ids().end());
+  DS_RETURN_IF_ERROR(scheduler_->add_request(std::move(spec)));
+  states_.emplace(id, std::move(state));
+  return Status::Ok();
+}
+
+Status LlmEngine::finish_request(RequestId id, sched::FinishReason reason) {
+  DS_RETURN_IF_ERROR(scheduler_->finish_request(id, reason));
+  states_.erase(id);
+  // Its block table goes when the next plan lists it as finished.
+  return Status::Ok();
+}
+
+void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
+  for (RequestId id : plan.finished) block_tables_.erase(id);
+  for (RequestId id : plan.preempted) block_tables_.erase(id);
+  Batch& b = batch_;
+  b.tokens.clear();
+  b.positions.clear();
+  b.seq_of_token.clear();
+  b.block_tables.clear();
+  b.logits_rows.clear();
+  b.block_table_offsets.assign(1, 0);
+  for (size_t s = 0; s < plan.requests.size(); ++s) {
+    const sched::ScheduledRequest& r = plan.requests[s];
+    std::vector<int32_t>& table = block_tables_[r.id];
+    if (r.is_new || r.is_resumed) table.clear();
+    table.insert(table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
+    b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
+    b.block_table_offsets.push_back(static_cast<int64_t>(b.block_tables.size()));
+    for (int i = 0; i < r.n_tokens; ++i) {
+      b.tokens.push_back(r.token_ids[i]);
+      b.positions.push_back(r.start_pos + i);
+      b.seq_of_token.push_back(static_cast<int32_t>(s));
+    }
+    if (r.sample) b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+  }
+}
+
+Result<std::vector<EngineOutput>> LlmEngine::step() {
+  std::vector<EngineOutput> outputs;
+  if (!scheduler_->has_unfinished_requests()) return outputs;
+
+  // 1. schedule
+  const sched::SchedulerOutput plan = scheduler_->schedule();
+
+  // 2. execute: block copies before anything is written, then one forward pass.
+  for (const kvcache::BlockCopy& c : plan.block_copies)
+    cache_->copy_block(c.src, c.dst, c.n_tokens);
+  build_batch(plan);
+  if (!batch_.tokens.empty()) {
+    ModelBatch mb;
+    mb.tokens = batch_.tokens;
+    mb.positions = batch_.positions;
+    mb.seq_of_token = batch_.seq_of_token;
+    mb.block_tables = batch_.block_tables;
+    mb.block_table_offsets = batch_.block_table_offsets;
+    mb.logits_rows = batch_.logits_rows;
+    DS_RETURN_IF_ERROR(model_.forward_batch(mb, *cache_, &logits_));
+    n_computed_tokens_ += mb.n_tokens();
+  }
+
+  // 3. sample: only requests whose known tokens are all computed.
+  std::vector<const SamplingState*> states;
+  std::vector<size_t> sampled_index;  // plan index of each sampled row
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    if (!plan.requests[i].sample) continue;
+    auto it = states_.find(plan.requests[i].id);
+    DS_CHECK_MSG(it != states_.end(), "no sampling state for a planned request");
+    states.push_back(it->second.get());
+    sampled_index.push_back(i);
+  }
+  std::vector<SampleResult> results(states.size());
+  if (!states.empty()) {
+    const int64_t vocab = model_.info().vocab_size;
+    DS_CHECK(static_cast<int64_t>(logits_.size()) == static_cast<int64_t>(states.size()) * vocab);
+    sampler_.sample(logits_, vocab, states, results);
+  }
+  std::vector<int32_t> sampled(plan.requests.size(), 0);
+  for (size_t j = 0; j < results.size(); ++j) {
+    sampled[sampled_index[j]] = results[j].token;
+    SamplingState& st = *states_.at(plan.requests[sampled_index[j]].id);
+    (void)st.accept(results[j].token);  // penalties and the RNG counter; the scheduler stops
+  }
+  n_generated_tokens_ += static_cast<int64_t>(results.size());
+
+  // 4. update
+  std::vector<sched::RequestOutput> applied = scheduler_->update_from_output(plan, sampled);
+  size_t j = 0;
+  for (const sched::RequestOutput& a : applied) {
+    while (j < sampled_index.size() && plan.requests[sampled_index[j]].id != a.id) ++j;
+    DS_CHECK(j < sampled_index.size());
+    auto it = states_.find(a.id);
+    DS_CHECK(it != states_.end());
+    EngineOutput o;
+    o.id = a.id;
+    o.finish_reason = a.finish_reason;
+    const bool stop_token = a.finish_reason == sched::FinishReason::kStop;
+    if (!stop_token) {
+      o.new_token_ids.push_back(a.token);
+      if (it->second->params().logprobs()) o.logprobs.push_back(std::move(results[j]));
+    }
+    if (a.finish_reason) states_.erase(it);
+    outputs.push_back(std::move(o));
+  }
+  return outputs;
+}
+
+EngineStats LlmEngine::stats() const {
+  const sched::SchedulerStats s = scheduler_->stats();
+  EngineStats e;
+  e.n_steps = s.n_steps;
+  e.n_preemptions = s.n_preemptions;
+  e.n_prefix_queried_tokens = s.kv.n_queried_tokens;
+  e.n_prefix_hit_tokens = s.kv.n_hit_tokens;
+  e.n_computed_tokens = n_computed_tokens_;
+  e.n_generated_tokens = n_generated_tokens_;
+  e.n_running = s.n_running;
+  e.n_waiting = s.n_waiting;
+  e.n_blocks = s.kv.n_blocks;
+  e.n_free_blocks = s.kv.n_free_blocks;
+  return e;
+}
+
+}  // namespace dserve

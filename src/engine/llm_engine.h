@@ -1,0 +1,134 @@
+// LlmEngine: the serving loop, in the manner of vLLM v1's EngineCore. One step():
+//   schedule  the Scheduler plans which request gets how many tokens (plain data);
+//   execute   block copies, then ONE forward pass over the ragged batch of every
+//             scheduled token of every request, through the model's paged KV cache;
+//   sample    one token for each request whose known tokens are all computed;
+//   update    Scheduler::update_from_output applies the step (stop ids, max_tokens).
+// The engine owns the Scheduler (and through it the KvCacheManager), the paged cache,
+// the per-request SamplingStates and block tables (the model runner's view of the
+// plan), and a BatchSampler. The model and its backend are borrowed.
+//
+// add_request() validates everything before the request can touch the batch:
+// sampling options (SamplingParams::create), token ids, the prompt against
+// max_model_len, and whether the request could ever fit in the KV cache.
+// Stop strings and detokenisation belong to the caller (IncrementalDecoder +
+// StopStringMatcher), which ends a request with finish_request(id, kStop).
+//
+// Thread-safety: not thread-safe. One thread (the engine thread) owns the engine and
+// calls every method; other threads hand it requests through their own queue.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "model/causal_lm.h"
+#include "sampling/batch_sampler.h"
+#include "sampling/sampling_params.h"
+#include "sampling/sampling_state.h"
+#include "sched/scheduler.h"
+
+namespace dserve {
+
+using sched::RequestId;
+
+struct EngineConfig {
+  int max_num_seqs = 256;                      // running requests at most
+  int max_num_batched_tokens = 2048;           // scheduled tokens per step at most
+  int block_size = 16;                         // tokens per KV block
+  int64_t kv_cache_memory = int64_t{1} << 30;  // bytes for the paged KV cache
+  // Prompt + output tokens at most; 0: the model's max_position_embeddings. The model
+  // must have been loaded with a context of at least this many tokens.
+  int max_model_len = 0;
+  bool enable_prefix_caching = true;
+  // End-of-sequence ids besides the model's own (e.g. the tokenizer's stop ids).
+  std::vector<int32_t> extra_eos_ids;
+};
+
+// What one step produced for one request.
+struct EngineOutput {
+  RequestId id = 0;
+  // The token sampled this step; empty when the step ended the request with a stop id
+  // (which is not part of the output), or when a request was aborted.
+  std::vector<int32_t> new_token_ids;
+  std::optional<sched::FinishReason> finish_reason;  // set when the request ended this step
+  // With SamplingOptions::logprobs: one entry per new token (raw logprob, rank and the
+  // best alternatives).
+  std::vector<SampleResult> logprobs;
+};
+
+struct EngineStats {
+  int64_t n_steps = 0;
+  int64_t n_preemptions = 0;
+  int64_t n_prefix_queried_tokens = 0;
+  int64_t n_prefix_hit_tokens = 0;
+  int64_t n_computed_tokens = 0;   // tokens run through the model (prefill and decode)
+  int64_t n_generated_tokens = 0;  // tokens sampled
+  int n_running = 0;
+  int n_waiting = 0;
+  int n_blocks = 0;
+  int n_free_blocks = 0;
+};
+
+class LlmEngine {
+ public:
+  // Sizes the KV cache from config.kv_cache_memory (logs blocks and tokens) and fails
+  // with a suggested value when one max_model_len-long request cannot fit. `model`
+  // (and its backend) must outlive the engine.
+  static Result<std::unique_ptr<LlmEngine>> create(CausalLm& model, const EngineConfig& config);
+  LlmEngine(const LlmEngine&) = delete;
+  LlmEngine& operator=(const LlmEngine&) = delete;
+
+  // Queues a request. InvalidArgument for bad sampling options or token ids, a
+  // duplicate id or a prompt too long for max_model_len; ResourceExhausted when it
+  // could never fit in the KV cache; Unimplemented for n > 1. Nothing changes on error.
+  Status add_request(RequestId id, std::vector<int32_t> prompt, const SamplingOptions& options);
+  // Cancels a waiting or running request; its blocks return to the pool now.
+  Status abort_request(RequestId id) { return finish_request(id, sched::FinishReason::kAbort); }
+  // Ends a request (kStop: the caller found a stop string; kAbort: cancelled).
+  Status finish_request(RequestId id, sched::FinishReason reason);
+
+  // One schedule -> execute -> sample -> update step. Returns one output per request
+  // that got a token or finished. An error (from the model) leaves the engine unusable.
+  Result<std::vector<EngineOutput>> step();
+
+  bool has_unfinished_requests() const { return scheduler_->has_unfinished_requests(); }
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+  const sched::Scheduler& scheduler() const { return *scheduler_; }
+
+ private:
+  LlmEngine(CausalLm& model, const EngineConfig& config, std::unique_ptr<sched::Scheduler> s,
+            std::unique_ptr<PagedCache> cache);
+
+  // The model runner: the plan as one ModelBatch, block tables updated from the plan.
+  void build_batch(const sched::SchedulerOutput& plan);
+
+  CausalLm& model_;
+  const EngineConfig config_;
+  std::unique_ptr<sched::Scheduler> scheduler_;
+  std::unique_ptr<PagedCache> cache_;
+  BatchSampler sampler_;
+  std::vector<int32_t> eos_ids_;
+  std::mt19937_64 entropy_;  // seeds of unseeded requests
+
+  std::unordered_map<RequestId, std::unique_ptr<SamplingState>> states_;  // unfinished
+  std::unordered_map<RequestId, std::vector<int32_t>> block_tables_;      // as planned so far
+
+  // The step's batch (reused across steps).
+  struct Batch {
+    std::vector<int32_t> tokens, positions, seq_of_token, block_tables, logits_rows;
+    std::vector<int64_t> block_table_offsets;
+  } batch_;
+  std::vector<float> logits_;
+  int64_t n_computed_tokens_ = 0;
+  int64_t n_generated_tokens_ = 0;
+};
+
+}  // namespace dserve

@@ -1,0 +1,45 @@
+// ModelBatch and PagedCache: what a serving step hands a model. A ModelBatch is every
+// scheduled token of every request of one engine step (a ragged batch); a PagedCache
+// holds the keys and values of all requests in fixed-size blocks, addressed through
+// the per-sequence block tables of the batch (see sched/scheduler_output.h for the
+// contract: block copies first, then every layer stores the step's keys and values
+// before its attention reads them).
+//
+// Thread-safety: ModelBatch is a borrowed view; a PagedCache is owned and driven by
+// the engine thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace dserve {
+
+struct ModelBatch {
+  std::span<const int32_t> tokens;        // [n_tokens]
+  std::span<const int32_t> positions;     // [n_tokens]
+  std::span<const int32_t> seq_of_token;  // [n_tokens], index of the token's sequence
+  // Sequence s's block table is block_tables[block_table_offsets[s] ..
+  // block_table_offsets[s + 1]); offsets are [n_seqs + 1].
+  std::span<const int32_t> block_tables;
+  std::span<const int64_t> block_table_offsets;
+  // Token indices whose logits forward_batch() returns, in this order.
+  std::span<const int32_t> logits_rows;
+
+  int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t n_seqs() const { return static_cast<int64_t>(block_table_offsets.size()) - 1; }
+};
+
+// A model's paged KV store (per-layer pools of n_blocks * block_size token slots).
+class PagedCache {
+ public:
+  virtual ~PagedCache() = default;
+  virtual int n_blocks() const = 0;
+  virtual int block_size() const = 0;
+  virtual size_t bytes_per_token() const = 0;  // over all layers
+  virtual size_t total_bytes() const = 0;
+  // Copies the first n_tokens slots of block src into block dst, in every layer.
+  virtual void copy_block(int src, int dst, int n_tokens) = 0;
+};
+
+}  // namespace dserve

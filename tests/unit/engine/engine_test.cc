@@ -1,0 +1,308 @@
+// LlmEngine on a tiny random Llama (F32 safetensors written by the test): batched,
+// chunked, preempted and prefix-cached runs equal each request run alone through
+// CausalLm::forward; bad requests are refused without disturbing the others; aborts
+// and finishes return every block; seeded sampling does not depend on the batch.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+#include "../loader/test_files.h"
+#include "backend/backend.h"
+#include "base/log.h"
+#include "engine/llm_engine.h"
+#include "loader/model_files.h"
+#include "sampling/sampler.h"
+
+namespace dserve {
+namespace {
+
+constexpr int kVocab = 97, kHidden = 32, kHeads = 4, kKvHeads = 2, kHeadDim = 8, kLayers = 2,
+              kInter = 48, kContext = 512;
+
+// A Hugging Face directory holding a random F32 LlamaForCausalLM.
+std::string write_tiny_llama() {
+  const std::string dir = testing::scratch_dir();
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                           {"vocab_size", kVocab},
+                           {"hidden_size", kHidden},
+                           {"intermediate_size", kInter},
+                           {"num_hidden_layers", kLayers},
+                           {"num_attention_heads", kHeads},
+                           {"num_key_value_heads", kKvHeads},
+                           {"max_position_embeddings", kContext},
+                           {"rms_norm_eps", 1e-5},
+                           {"rope_theta", 10000.0},
+                           {"tie_word_embeddings", true}};
+  testing::write_file(dir + "/config.json", config.dump());
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  nlohmann::json header;
+  std::string data;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool ones) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t begin = data.size();
+    for (int64_t i = 0; i < n; ++i) testing::append<float>(&data, ones ? 1.0f : normal(rng));
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+  };
+  add("model.embed_tokens.weight", {kVocab, kHidden}, false);
+  add("model.norm.weight", {kHidden}, true);
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {kHidden}, true);
+    add(p + "post_attention_layernorm.weight", {kHidden}, true);
+    add(p + "self_attn.q_proj.weight", {kHeads * kHeadDim, kHidden}, false);
+    add(p + "self_attn.k_proj.weight", {kKvHeads * kHeadDim, kHidden}, false);
+    add(p + "self_attn.v_proj.weight", {kKvHeads * kHeadDim, kHidden}, false);
+    add(p + "self_attn.o_proj.weight", {kHidden, kHeads * kHeadDim}, false);
+    add(p + "mlp.gate_proj.weight", {kInter, kHidden}, false);
+    add(p + "mlp.up_proj.weight", {kInter, kHidden}, false);
+    add(p + "mlp.down_proj.weight", {kHidden, kInter}, false);
+  }
+  testing::write_file(dir + "/model.safetensors", testing::safetensors_bytes(header, data));
+  return dir;
+}
+
+SamplingOptions greedy(int max_tokens) {
+  SamplingOptions o;
+  o.temperature = 0.0f;
+  o.ignore_eos = true;
+  o.max_tokens = max_tokens;
+  return o;
+}
+
+struct Req {
+  std::vector<int32_t> prompt;
+  SamplingOptions options;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set_log_level("warning");
+    CpuBackendOptions bo;
+    bo.n_threads = 2;
+    backend_ = make_cpu_backend(bo);
+    Result<std::unique_ptr<ModelFiles>> files = ModelFiles::open(write_tiny_llama());
+    ASSERT_TRUE(files.ok()) << files.status().message();
+    Result<std::unique_ptr<CausalLm>> m = load_causal_lm(std::move(*files), *backend_, kContext);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(*m);
+  }
+
+  EngineConfig config(int n_blocks, int block_size = 4) const {
+    EngineConfig c;
+    c.block_size = block_size;
+    c.kv_cache_memory =
+        int64_t{n_blocks} * block_size * static_cast<int64_t>(model_->paged_bytes_per_token());
+    // As long as the whole cache allows (a request must fit alone).
+    c.max_model_len = std::min(kContext, n_blocks * block_size + 1);
+    c.max_num_batched_tokens = 48;
+    c.max_num_seqs = 16;
+    return c;
+  }
+
+  // The oracle: one request alone through forward() and a contiguous KV cache.
+  std::vector<int32_t> solo(const Req& r) {
+    SamplingParams params = *SamplingParams::create(r.options);
+    SamplingState state(params, r.prompt, model_->info().eos_ids);
+    Sampler sampler;
+    std::unique_ptr<SequenceCache> kv = model_->new_cache();
+    std::vector<int32_t> pos(r.prompt.size());
+    std::iota(pos.begin(), pos.end(), 0);
+    std::vector<float> logits;
+    EXPECT_TRUE(model_->forward(r.prompt, pos, *kv, LogitsFor::kLast, &logits).ok());
+    std::vector<int32_t> out;
+    while (true) {
+      const int32_t next = sampler.sample(state, logits).token;
+      const auto finish = state.accept(next);
+      if (finish == FinishReason::kStop) break;
+      out.push_back(next);
+      if (finish) break;
+      const int32_t p = static_cast<int32_t>(kv->n_tokens());
+      EXPECT_TRUE(model_->forward({&next, 1}, {&p, 1}, *kv, LogitsFor::kLast, &logits).ok());
+    }
+    return out;
+  }
+
+  static std::vector<std::vector<int32_t>> run(LlmEngine& e, const std::vector<Req>& reqs) {
+    std::vector<std::vector<int32_t>> out(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Status s = e.add_request(i, reqs[i].prompt, reqs[i].options);
+      EXPECT_TRUE(s.ok()) << s.message();
+    }
+    while (e.has_unfinished_requests()) {
+      Result<std::vector<EngineOutput>> step = e.step();
+      EXPECT_TRUE(step.ok()) << step.status().message();
+      if (!step.ok()) break;
+      for (const EngineOutput& o : *step) {
+        out[o.id].insert(out[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      }
+    }
+    EXPECT_TRUE(e.scheduler().check_invariants().ok());
+    return out;
+  }
+
+  static std::vector<Req> random_requests(int n, int max_len, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<Req> reqs;
+    for (int i = 0; i < n; ++i) {
+      Req r;
+      r.prompt.resize(1 + rng() % max_len);
+      for (int32_t& t : r.prompt) t = static_cast<int32_t>(rng() % kVocab);
+      r.options = greedy(1 + static_cast<int>(rng() % 12));
+      reqs.push_back(std::move(r));
+    }
+    return reqs;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CausalLm> model_;
+};
+
+TEST_F(EngineTest, BatchedChunkedRunsEqualSoloRuns) {
+  for (int block_size : {4, 16, 128}) {
+    const std::vector<Req> reqs = random_requests(12, 100, 1);
+    auto engine = LlmEngine::create(*model_, config(200, block_size));
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    const auto got = run(**engine, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], solo(reqs[i])) << i;
+    const EngineStats s = (*engine)->stats();
+    EXPECT_EQ(s.n_free_blocks, s.n_blocks);
+    EXPECT_EQ(s.n_preemptions, 0);
+  }
+}
+
+TEST_F(EngineTest, PreemptionKeepsOutputs) {
+  const std::vector<Req> reqs = random_requests(12, 100, 2);
+  auto engine = LlmEngine::create(*model_, config(40));  // 160 token slots for ~700 tokens
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  const auto got = run(**engine, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], solo(reqs[i])) << i;
+  const EngineStats s = (*engine)->stats();
+  EXPECT_GT(s.n_preemptions, 0);
+  EXPECT_EQ(s.n_free_blocks, s.n_blocks);
+}
+
+TEST_F(EngineTest, PrefixCachingSkipsTheSharedPrefix) {
+  std::vector<Req> reqs = random_requests(2, 1, 3);
+  std::vector<int32_t> prefix(50);
+  for (size_t i = 0; i < prefix.size(); ++i) prefix[i] = static_cast<int32_t>((i * 7) % kVocab);
+  reqs[0].prompt.insert(reqs[0].prompt.begin(), prefix.begin(), prefix.end());
+  reqs[1].prompt.insert(reqs[1].prompt.begin(), prefix.begin(), prefix.end());
+  auto engine = LlmEngine::create(*model_, config(100));
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ(run(**engine, {reqs[0]})[0], solo(reqs[0]));
+  const EngineStats a = (*engine)->stats();
+  EXPECT_EQ(run(**engine, {reqs[1]})[0], solo(reqs[1]));
+  const EngineStats b = (*engine)->stats();
+  EXPECT_EQ(b.n_prefix_hit_tokens - a.n_prefix_hit_tokens, 48);  // 12 full blocks of 4
+  EXPECT_EQ(b.n_computed_tokens - a.n_computed_tokens,
+            static_cast<int64_t>(reqs[1].prompt.size()) - 48 + reqs[1].options.max_tokens - 1);
+}
+
+TEST_F(EngineTest, BadRequestsAreRefusedAndOthersGoOn) {
+  auto engine = LlmEngine::create(*model_, config(40));
+  ASSERT_TRUE(engine.ok());
+  LlmEngine& e = **engine;
+  const std::vector<Req> good = random_requests(3, 20, 4);
+  ASSERT_TRUE(e.add_request(100, good[0].prompt, good[0].options).ok());
+  SamplingOptions bad = greedy(4);
+  bad.temperature = -1.0f;
+  EXPECT_EQ(e.add_request(1, {1, 2}, bad).code(), StatusCode::kInvalidArgument);
+  bad = greedy(4);
+  bad.top_p = 0.0f;
+  EXPECT_EQ(e.add_request(1, {1, 2}, bad).code(), StatusCode::kInvalidArgument);
+  bad = greedy(4);
+  bad.top_k = -2;
+  EXPECT_EQ(e.add_request(1, {1, 2}, bad).code(), StatusCode::kInvalidArgument);
+  bad = greedy(4);
+  bad.n = 0;
+  EXPECT_EQ(e.add_request(1, {1, 2}, bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.add_request(1, {1, kVocab}, greedy(4)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.add_request(1, std::vector<int32_t>(161, 1), greedy(4)).code(),
+            StatusCode::kInvalidArgument);  // longer than max_model_len (161)
+  // (A request that cannot fit even alone cannot reach add_request: create() refuses a
+  // cache smaller than one max_model_len request; the scheduler tests cover the check.)
+  EXPECT_EQ(e.add_request(100, {1}, greedy(1)).code(), StatusCode::kInvalidArgument);  // dup
+  EXPECT_EQ(e.stats().n_waiting, 1);
+  std::vector<int32_t> out;
+  while (e.has_unfinished_requests()) {
+    auto step = e.step();
+    ASSERT_TRUE(step.ok());
+    for (const EngineOutput& o : *step)
+      out.insert(out.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  }
+  EXPECT_EQ(out, solo(good[0]));
+}
+
+TEST_F(EngineTest, AbortAtAnyStepReturnsEveryBlock) {
+  const std::vector<Req> reqs = random_requests(8, 60, 5);
+  for (int abort_step = 0; abort_step < 6; ++abort_step) {
+    auto engine = LlmEngine::create(*model_, config(60));
+    ASSERT_TRUE(engine.ok());
+    LlmEngine& e = **engine;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      ASSERT_TRUE(e.add_request(i, reqs[i].prompt, reqs[i].options).ok());
+    for (int s = 0; s < abort_step && e.has_unfinished_requests(); ++s) ASSERT_TRUE(e.step().ok());
+    for (size_t i = 0; i < reqs.size(); i += 2) (void)e.abort_request(i);
+    while (e.has_unfinished_requests()) ASSERT_TRUE(e.step().ok());
+    EXPECT_EQ(e.stats().n_free_blocks, e.stats().n_blocks);
+    EXPECT_TRUE(e.scheduler().check_invariants().ok());
+  }
+}
+
+TEST_F(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
+  std::vector<Req> reqs = random_requests(8, 40, 6);
+  for (Req& r : reqs) {
+    r.options.temperature = 0.9f;
+    r.options.top_p = 0.9f;
+    r.options.seed = 1234;
+  }
+  auto batch_engine = LlmEngine::create(*model_, config(200));
+  ASSERT_TRUE(batch_engine.ok());
+  const auto batched = run(**batch_engine, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto alone = LlmEngine::create(*model_, config(200));
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(run(**alone, {reqs[i]})[0], batched[i]) << i;
+  }
+}
+
+TEST_F(EngineTest, TooSmallKvBudgetSuggestsAValue) {
+  EngineConfig c = config(10);
+  c.max_model_len = kContext;  // 40 slots < 511
+  auto engine = LlmEngine::create(*model_, c);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(engine.status().message().find("--kv-cache-memory"), std::string::npos)
+      << engine.status().message();
+}
+
+TEST_F(EngineTest, LogprobsComeWithTheTokens) {
+  Req r = random_requests(1, 10, 7)[0];
+  r.options.logprobs = 3;
+  auto engine = LlmEngine::create(*model_, config(50));
+  ASSERT_TRUE(engine.ok());
+  LlmEngine& e = **engine;
+  ASSERT_TRUE(e.add_request(0, r.prompt, r.options).ok());
+  int n = 0;
+  while (e.has_unfinished_requests()) {
+    auto step = e.step();
+    ASSERT_TRUE(step.ok());
+    for (const EngineOutput& o : *step) {
+      ASSERT_EQ(o.logprobs.size(), o.new_token_ids.size());
+      for (const SampleResult& lp : o.logprobs) {
+        EXPECT_EQ(lp.top_logprobs.size(), 3u);
+        EXPECT_EQ(lp.rank, 1);  // greedy
+        EXPECT_LE(lp.logprob, 0.0f);
+      }
+      n += static_cast<int>(o.new_token_ids.size());
+    }
+  }
+  EXPECT_EQ(n, r.options.max_tokens);
+}
+
+}  // namespace
+}  // namespace dserve
