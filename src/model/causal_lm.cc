@@ -23,21 +23,24 @@ class CacheAdapter final : public SequenceCache {
   std::unique_ptr<Cache> cache_;
 };
 
-class LlamaLm final : public CausalLm {
+// What every architecture's adapter shares: Model owns the weights, SeqCache is its
+// per-sequence cache, Paged its paged cache.
+template <typename Model, typename SeqCache, typename Paged>
+class ModelLm : public CausalLm {
  public:
-  LlamaLm(std::unique_ptr<LlamaModel> model, ModelInfo info)
+  ModelLm(std::unique_ptr<Model> model, ModelInfo info)
       : model_(std::move(model)), info_(std::move(info)) {}
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<SequenceCache> new_cache() const override {
-    return std::make_unique<CacheAdapter<KvCache>>(model_->new_kv_cache());
+    return std::make_unique<CacheAdapter<SeqCache>>(model_->new_kv_cache());
   }
   Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                  SequenceCache& cache, LogitsFor which, std::vector<float>* logits) override {
-    return model_->forward(tokens, positions, static_cast<CacheAdapter<KvCache>&>(cache).get(),
+    return model_->forward(tokens, positions, static_cast<CacheAdapter<SeqCache>&>(cache).get(),
                            which, logits);
   }
   size_t paged_bytes_per_token() const override {
-    return PagedKvCache::bytes_per_token(model_->config());
+    return Paged::bytes_per_token(model_->config());
   }
   Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size) const override {
     if (n_blocks < 1 || block_size < 1)
@@ -46,41 +49,24 @@ class LlamaLm final : public CausalLm {
   }
   Status forward_batch(const ModelBatch& batch, PagedCache& cache,
                        std::vector<float>* logits) override {
-    return model_->forward_batch(batch, static_cast<PagedKvCache&>(cache), logits);
+    return model_->forward_batch(batch, static_cast<Paged&>(cache), logits);
   }
-  size_t weight_bytes_per_token() const override { return model_->weight_bytes_per_token(); }
-  std::string stats() const override { return {}; }
 
- private:
-  std::unique_ptr<LlamaModel> model_;
+ protected:
+  std::unique_ptr<Model> model_;
   ModelInfo info_;
 };
 
-class DeepseekLm final : public CausalLm {
+class LlamaLm final : public ModelLm<LlamaModel, KvCache, PagedKvCache> {
  public:
-  DeepseekLm(std::unique_ptr<DeepseekModel> model, ModelInfo info)
-      : model_(std::move(model)), info_(std::move(info)) {}
-  const ModelInfo& info() const override { return info_; }
-  std::unique_ptr<SequenceCache> new_cache() const override {
-    return std::make_unique<CacheAdapter<MlaKvCache>>(model_->new_kv_cache());
-  }
-  Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                 SequenceCache& cache, LogitsFor which, std::vector<float>* logits) override {
-    return model_->forward(tokens, positions, static_cast<CacheAdapter<MlaKvCache>&>(cache).get(),
-                           which, logits);
-  }
-  size_t paged_bytes_per_token() const override {
-    return PagedMlaCache::bytes_per_token(model_->config());
-  }
-  Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size) const override {
-    if (n_blocks < 1 || block_size < 1)
-      return invalid_argument("paged cache: n_blocks and block_size must be >= 1");
-    return std::unique_ptr<PagedCache>(model_->new_paged_cache(n_blocks, block_size));
-  }
-  Status forward_batch(const ModelBatch& batch, PagedCache& cache,
-                       std::vector<float>* logits) override {
-    return model_->forward_batch(batch, static_cast<PagedMlaCache&>(cache), logits);
-  }
+  using ModelLm::ModelLm;
+  size_t weight_bytes_per_token() const override { return model_->weight_bytes_per_token(); }
+  std::string stats() const override { return {}; }
+};
+
+class DeepseekLm final : public ModelLm<DeepseekModel, MlaKvCache, PagedMlaCache> {
+ public:
+  using ModelLm::ModelLm;
   size_t weight_bytes_per_token() const override { return model_->active_weight_bytes_per_token(); }
   std::string stats() const override {
     const MoeStats& s = model_->moe_stats();
@@ -89,10 +75,6 @@ class DeepseekLm final : public CausalLm {
            std::to_string(s.expert_runs) + " expert runs over " + std::to_string(s.expert_rows) +
            " rows, " + std::to_string(s.expert_idle) + " idle experts skipped";
   }
-
- private:
-  std::unique_ptr<DeepseekModel> model_;
-  ModelInfo info_;
 };
 
 }  // namespace

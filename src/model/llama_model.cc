@@ -272,48 +272,10 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int3
 
 Status LlamaModel::forward_batch(const ModelBatch& batch, PagedKvCache& cache,
                                  std::vector<float>* logits) {
-  const int64_t n = batch.n_tokens();
-  const int64_t n_seqs = batch.n_seqs();
-  if (n == 0) return invalid_argument("forward_batch: empty batch");
-  if (batch.positions.size() != batch.tokens.size() ||
-      batch.seq_of_token.size() != batch.tokens.size() || n_seqs < 1) {
-    return invalid_argument("forward_batch: tokens, positions and seq_of_token differ in length");
-  }
-  DS_RETURN_IF_ERROR(check_tokens(batch.tokens));
-  const int64_t bs = cache.block_size();
   std::vector<int64_t>& slots = scratch_.slots;
-  slots.resize(n);
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t s = batch.seq_of_token[t];
-    const int32_t p = batch.positions[t];
-    if (s < 0 || s >= n_seqs) return invalid_argument("forward_batch: bad sequence index");
-    if (p < 0 || p >= max_context_) {
-      return invalid_argument("forward_batch: position " + std::to_string(p) +
-                              " outside the context of " + std::to_string(max_context_));
-    }
-    const int64_t first = batch.block_table_offsets[s];
-    const int64_t n_blocks = batch.block_table_offsets[s + 1] - first;
-    if (p / bs >= n_blocks) {
-      return invalid_argument("forward_batch: position " + std::to_string(p) +
-                              " beyond its block table");
-    }
-    const int32_t block = batch.block_tables[first + p / bs];
-    if (block < 0 || block >= cache.n_blocks())
-      return invalid_argument("forward_batch: block id out of range");
-    slots[t] = int64_t{block} * bs + p % bs;
-  }
-  for (int32_t r : batch.logits_rows) {
-    if (r < 0 || r >= n) return invalid_argument("forward_batch: logits row out of range");
-  }
-
   PagedBatch pb;
-  pb.n_tokens = n;
-  pb.positions = batch.positions.data();
-  pb.seq_of_token = batch.seq_of_token.data();
-  pb.n_seqs = n_seqs;
-  pb.block_tables = batch.block_tables.data();
-  pb.block_table_offsets = batch.block_table_offsets.data();
-  pb.block_size = static_cast<int>(bs);
+  DS_RETURN_IF_ERROR(resolve_paged_batch(batch, config_.vocab_size, max_context_,
+                                         cache.n_blocks(), cache.block_size(), &slots, &pb));
   run_layers(batch.tokens, batch.positions,
              [&](int l, const float* q, const float* k, const float* v, float* out) {
                attend_paged(l, q, k, v, pb, slots.data(), cache, out);

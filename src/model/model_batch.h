@@ -12,6 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "base/status.h"
 
 namespace dserve {
 
@@ -29,6 +33,13 @@ struct ModelBatch {
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t n_seqs() const { return static_cast<int64_t>(block_table_offsets.size()) - 1; }
 };
+
+// Checks `batch` against a model (vocabulary, context) and its paged cache (block ids,
+// block tables long enough for every position), then resolves each token's cache slot
+// into `slots` [n_tokens] and fills `paged`, which points into `batch`.
+Status resolve_paged_batch(const ModelBatch& batch, int64_t vocab_size, int64_t max_context,
+                           int n_cache_blocks, int block_size, std::vector<int64_t>* slots,
+                           PagedBatch* paged);
 
 // A model's paged KV store (per-layer pools of n_blocks * block_size token slots).
 class PagedCache {

@@ -1,0 +1,53 @@
+#include "model/model_batch.h"
+
+#include <string>
+
+namespace dserve {
+
+Status resolve_paged_batch(const ModelBatch& batch, int64_t vocab_size, int64_t max_context,
+                           int n_cache_blocks, int block_size, std::vector<int64_t>* slots,
+                           PagedBatch* paged) {
+  const int64_t n = batch.n_tokens();
+  const int64_t n_seqs = batch.n_seqs();
+  if (n == 0) return invalid_argument("forward_batch: empty batch");
+  if (batch.positions.size() != batch.tokens.size() ||
+      batch.seq_of_token.size() != batch.tokens.size() || n_seqs < 1) {
+    return invalid_argument("forward_batch: tokens, positions and seq_of_token differ in length");
+  }
+  const int64_t bs = block_size;
+  slots->resize(n);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = batch.tokens[t], s = batch.seq_of_token[t], p = batch.positions[t];
+    if (id < 0 || id >= vocab_size) {
+      return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab_size) + ")");
+    }
+    if (s < 0 || s >= n_seqs) return invalid_argument("forward_batch: bad sequence index");
+    if (p < 0 || p >= max_context) {
+      return invalid_argument("forward_batch: position " + std::to_string(p) +
+                              " outside the context of " + std::to_string(max_context));
+    }
+    const int64_t first = batch.block_table_offsets[s];
+    if (p / bs >= batch.block_table_offsets[s + 1] - first) {
+      return invalid_argument("forward_batch: position " + std::to_string(p) +
+                              " beyond its block table");
+    }
+    const int32_t block = batch.block_tables[first + p / bs];
+    if (block < 0 || block >= n_cache_blocks)
+      return invalid_argument("forward_batch: block id out of range");
+    (*slots)[t] = int64_t{block} * bs + p % bs;
+  }
+  for (int32_t r : batch.logits_rows) {
+    if (r < 0 || r >= n) return invalid_argument("forward_batch: logits row out of range");
+  }
+  paged->n_tokens = n;
+  paged->positions = batch.positions.data();
+  paged->seq_of_token = batch.seq_of_token.data();
+  paged->n_seqs = n_seqs;
+  paged->block_tables = batch.block_tables.data();
+  paged->block_table_offsets = batch.block_table_offsets.data();
+  paged->block_size = block_size;
+  return Status::Ok();
+}
+
+}  // namespace dserve
