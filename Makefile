@@ -16,10 +16,14 @@ BUILD := build
 ASAN_BUILD := build-asan
 TSAN_BUILD := build-tsan
 DEFAULT_MODEL := $(DSERVE_CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
+HOST ?= 0.0.0.0
+PORT ?= 8000
+SERVED_NAME ?= SmolLM2-135M-Instruct
 PROMPT ?= The three most useful things to know about the ocean are
 
 APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev \
-	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip
+	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
+	libcpp-httplib-dev libcurl4-openssl-dev
 
 .PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench clean
 
@@ -74,7 +78,9 @@ build-tsan: deps
 run: setup build
 	$(BUILD)/dserve generate --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-tokens 64
 
-serve: run
+# The OpenAI-compatible server on the default model (port 8000; PORT=, HOST= override).
+serve: setup build
+	$(BUILD)/dserve serve $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) --served-model-name $(SERVED_NAME)
 
 test: setup build build-asan build-tsan
 	$(MAKE) test-cpp test-asan test-tsan test-py

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,13 @@ struct LlmOptions {
   int max_num_batched_tokens = 2048;
   int block_size = 16;
   int64_t kv_cache_memory = int64_t{1} << 30;  // bytes for the paged KV cache
-  int max_model_len = 0;                       // 0: the model's context
+  // When > 0 (vLLM's --gpu-memory-utilization, read on the CPU): the fraction of the
+  // machine's memory dserve may use in all; the KV cache gets what remains after the
+  // weights and an estimate of the working buffers, instead of kv_cache_memory.
+  double gpu_memory_utilization = 0.0;
+  int max_model_len = 0;  // 0: the model's context
   bool enable_prefix_caching = true;
+  std::optional<uint64_t> seed;  // seeds unseeded requests' RNGs; none: random
   int n_threads = 0;  // 0: one per core
   std::string isa;    // force "scalar", "avx2" or "avx512" kernels; empty: best available
 };
@@ -60,7 +66,8 @@ class LLM {
   LLM& operator=(const LLM&) = delete;
 
   // Runs every prompt to completion. A bad prompt or sampling option fails the call
-  // before any prompt runs (prompts already queued are aborted).
+  // before any prompt runs (prompts already queued are aborted). With n > 1 sequences
+  // per prompt, output i * n + j is sequence j of prompt i (n outputs per prompt).
   Result<std::vector<CompletionOutput>> generate(const std::vector<Prompt>& prompts,
                                                  const SamplingOptions& options);
   Result<std::vector<CompletionOutput>> generate(const std::vector<std::string>& prompts,

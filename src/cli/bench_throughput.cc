@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/bench_datasets.h"
 #include "dserve/llm.h"
 #include "tokenizer/tokenizer.h"
 
@@ -14,58 +15,6 @@ namespace dserve::cli {
 namespace {
 
 constexpr int kDefaultOutputLen = 128;  // random dataset, when --output-len is not given
-
-struct Sample {
-  Prompt prompt;
-  int output_len = 0;
-};
-
-std::vector<Sample> random_dataset(const BenchThroughputOptions& o, int64_t vocab) {
-  std::mt19937_64 rng(o.seed);
-  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
-  std::vector<Sample> out(o.num_prompts);
-  for (Sample& s : out) {
-    s.prompt.ids.resize(o.input_len);
-    for (int32_t& t : s.prompt.ids) t = id(rng);
-    s.output_len = o.output_len > 0 ? o.output_len : kDefaultOutputLen;
-  }
-  return out;
-}
-
-// ShareGPT as vLLM samples it: first human turn as the prompt, the reply's length as
-// the output length (unless --output-len), dropping too short or too long pairs.
-Result<std::vector<Sample>> sharegpt_dataset(const BenchThroughputOptions& o,
-                                             const Tokenizer& tok) {
-  std::ifstream f(o.dataset_path);
-  if (!f) return not_found(o.dataset_path + ": cannot open");
-  nlohmann::json data = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (!data.is_array()) return invalid_argument(o.dataset_path + ": not a ShareGPT JSON list");
-  std::vector<size_t> order(data.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::shuffle(order.begin(), order.end(), std::mt19937_64(o.seed));
-  std::vector<Sample> out;
-  for (size_t i : order) {
-    if (static_cast<int>(out.size()) >= o.num_prompts) break;
-    const nlohmann::json& conv = data[i].value("conversations", nlohmann::json::array());
-    if (!conv.is_array() || conv.size() < 2 || !conv[0].contains("value") ||
-        !conv[1].contains("value") || !conv[0]["value"].is_string() ||
-        !conv[1]["value"].is_string()) {
-      continue;
-    }
-    Sample s;
-    s.prompt.ids = tok.encode(conv[0]["value"].get<std::string>(), true);
-    const int n_completion =
-        static_cast<int>(tok.encode(conv[1]["value"].get<std::string>(), false).size());
-    s.output_len = o.output_len > 0 ? o.output_len : n_completion;
-    const int n_prompt = static_cast<int>(s.prompt.ids.size());
-    if (n_prompt < 4 || s.output_len < 4 || n_prompt > 1024 || n_prompt + s.output_len > 2048) {
-      continue;
-    }
-    out.push_back(std::move(s));
-  }
-  if (out.empty()) return invalid_argument(o.dataset_path + ": no usable conversations");
-  return out;
-}
 
 Status bench(const BenchThroughputOptions& o) {
   if (o.num_prompts < 1) return invalid_argument("--num-prompts must be >= 1");
@@ -91,23 +40,41 @@ Status bench(const BenchThroughputOptions& o) {
   lo.isa = o.common.isa;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LLM> llm, LLM::create(path, lo));
 
-  std::vector<Sample> samples;
+  std::vector<SampleRequest> samples;
   if (o.dataset_name == "random") {
-    samples = random_dataset(o, llm->vocab_size());
+    RandomDatasetOptions ro;
+    ro.num_prompts = o.num_prompts;
+    ro.input_len = o.input_len;
+    ro.output_len = o.output_len > 0 ? o.output_len : kDefaultOutputLen;
+    ro.seed = o.seed;
+    // Text prompts that re-encode to --input-len tokens when there is a tokenizer (as
+    // vLLM), raw ids otherwise.
+    if (llm->tokenizer() != nullptr) {
+      DS_ASSIGN_OR_RETURN(samples, sample_random(*llm->tokenizer(), ro));
+    } else {
+      DS_ASSIGN_OR_RETURN(samples, sample_random_ids(llm->vocab_size(), ro));
+    }
   } else {
     if (llm->tokenizer() == nullptr)
       return invalid_argument("sharegpt needs the model's tokenizer");
-    DS_ASSIGN_OR_RETURN(samples, sharegpt_dataset(o, *llm->tokenizer()));
+    ShareGptOptions so;
+    so.path = o.dataset_path;
+    so.num_prompts = o.num_prompts;
+    so.output_len = o.output_len;
+    so.seed = o.seed;
+    DS_ASSIGN_OR_RETURN(samples, sample_sharegpt(*llm->tokenizer(), so));
   }
   std::vector<Prompt> prompts;
   std::vector<SamplingOptions> options;
-  for (Sample& s : samples) {
+  for (SampleRequest& s : samples) {
     SamplingOptions so;
     so.temperature = 1.0f;
     so.top_p = 1.0f;
     so.ignore_eos = true;
-    so.max_tokens = s.output_len;
-    prompts.push_back(std::move(s.prompt));
+    so.max_tokens = s.expected_output_len;
+    Prompt p;
+    p.ids = std::move(s.prompt_ids);
+    prompts.push_back(std::move(p));
     options.push_back(so);
   }
 

@@ -8,9 +8,11 @@
 #include <string>
 
 #include "base/log.h"
+#include "cli/bench_serve.h"
 #include "cli/bench_throughput.h"
 #include "cli/generate.h"
 #include "cli/perplexity.h"
+#include "cli/serve.h"
 
 namespace {
 
@@ -104,6 +106,11 @@ int run(int argc, char** argv) {
   throughput->add_flag("--no-enable-prefix-caching", bt.no_enable_prefix_caching,
                        "do not reuse cached prefix blocks");
   throughput->add_option("--output-json", bt.output_json, "also write the results here");
+  dserve::cli::BenchServeOptions bs;
+  CLI::App* bench_serve = dserve::cli::add_bench_serve_command(bench_cmd, &bs);
+
+  dserve::cli::ServeOptions so;
+  CLI::App* serve = dserve::cli::add_serve_command(app, &so);
 
   try {
     app.parse(argc, argv);
@@ -116,6 +123,11 @@ int run(int argc, char** argv) {
     return 2;
   }
 
+  if (bench_serve->parsed()) return dserve::cli::run_bench_serve(bs);
+  if (serve->parsed()) {
+    dserve::set_log_level(so.common.log_level);
+    return dserve::cli::run_serve(std::move(so));
+  }
   CommonOptions& common =
       generate->parsed() ? gen.common : (throughput->parsed() ? bt.common : ppl.common);
   dserve::set_log_level(common.log_level);

@@ -1,5 +1,7 @@
 #include "dserve/llm.h"
 
+#include <unistd.h>
+
 #include <optional>
 
 #include "backend/backend.h"
@@ -13,6 +15,37 @@ namespace dserve {
 LLM::~LLM() = default;
 
 int64_t LLM::vocab_size() const { return model_->info().vocab_size; }
+
+// --gpu-memory-utilization on the CPU: of F x the machine's memory, the KV cache gets
+// what the weights and the working buffers leave. The buffers are estimated: the
+// step's logits (max_num_seqs x vocab floats) plus 64 KiB of activations per batched
+// token, generous for the models served here.
+static Result<int64_t> kv_budget_from_utilization(const LlmOptions& o, const ModelInfo& info,
+                                                  int64_t weight_bytes) {
+  const double f = o.gpu_memory_utilization;
+  if (!(f > 0.0 && f <= 1.0)) {
+    return invalid_argument("gpu_memory_utilization must be in (0, 1], got " + std::to_string(f));
+  }
+  const int64_t total = int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE);
+  const int64_t buffers = int64_t{o.max_num_seqs} * info.vocab_size * 4 +
+                          int64_t{o.max_num_batched_tokens} * (64 << 10);
+  const int64_t allowed = static_cast<int64_t>(f * static_cast<double>(total));
+  const int64_t kv = allowed - weight_bytes - buffers;
+  DS_LOG_INFO(
+      "memory: {:.2f} GiB x {} = {:.2f} GiB allowed; weights {:.2f} GiB, working buffers "
+      "~{:.2f} GiB, KV cache {:.2f} GiB",
+      total / 1073741824.0, f, allowed / 1073741824.0, weight_bytes / 1073741824.0,
+      buffers / 1073741824.0, kv / 1073741824.0);
+  if (kv <= 0) {
+    const double need = static_cast<double>(weight_bytes + buffers) / static_cast<double>(total);
+    return Status(StatusCode::kResourceExhausted,
+                  "gpu_memory_utilization " + std::to_string(f) + " leaves no memory for the KV "
+                  "cache after the weights and buffers (they take " +
+                      std::to_string(need) + " of this machine's memory): raise it, or set "
+                      "--kv-cache-memory BYTES instead");
+  }
+  return kv;
+}
 
 Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const LlmOptions& o) {
   std::unique_ptr<LLM> llm(new LLM());
@@ -31,15 +64,23 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   cpu.n_threads = o.n_threads;
   cpu.isa = o.isa;
   llm->backend_ = make_cpu_backend(cpu);
+  const int64_t weight_bytes = static_cast<int64_t>(files->total_tensor_bytes());
   DS_ASSIGN_OR_RETURN(llm->model_, load_causal_lm(std::move(files), *llm->backend_, context));
+
+  int64_t kv_cache_memory = o.kv_cache_memory;
+  if (o.gpu_memory_utilization != 0.0) {
+    DS_ASSIGN_OR_RETURN(kv_cache_memory, kv_budget_from_utilization(o, llm->model_->info(),
+                                                                      weight_bytes));
+  }
 
   EngineConfig ec;
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.block_size = o.block_size;
-  ec.kv_cache_memory = o.kv_cache_memory;
+  ec.kv_cache_memory = kv_cache_memory;
   ec.max_model_len = static_cast<int>(context);
   ec.enable_prefix_caching = o.enable_prefix_caching;
+  ec.seed = o.seed;
   if (llm->tokenizer_) ec.extra_eos_ids = llm->tokenizer_->stop_ids();
   DS_ASSIGN_OR_RETURN(llm->engine_, LlmEngine::create(*llm->model_, ec));
   return llm;
@@ -86,37 +127,49 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopStringMatcher> stops;
   };
-  std::vector<CompletionOutput> outs(prompts.size());
+  // Output i * n + j is choice j of prompt i.
+  size_t n_outputs = 0;
+  for (const SamplingParams& p : params) n_outputs += static_cast<size_t>(p.n());
+  std::vector<std::vector<int32_t>> prompt_ids(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (!prompts[i].ids.empty()) {
-      outs[i].prompt_ids = prompts[i].ids;
+      prompt_ids[i] = prompts[i].ids;
     } else {
       if (!tokenizer_) return invalid_argument("text prompts need the model's tokenizer");
-      outs[i].prompt_ids = tokenizer_->encode(prompts[i].text, /*add_special_tokens=*/true);
-      if (outs[i].prompt_ids.empty()) {
+      prompt_ids[i] = tokenizer_->encode(prompts[i].text, /*add_special_tokens=*/true);
+      if (prompt_ids[i].empty()) {
         return invalid_argument("prompt " + std::to_string(i) + " encodes to no tokens");
       }
     }
   }
+  std::vector<CompletionOutput> outs(n_outputs);
   std::unordered_map<RequestId, Pending> pending;
   auto abort_all = [&] {
     for (auto& [id, p] : pending) (void)engine_->abort_request(id);
   };
+  size_t first_output = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const RequestId id = next_id_++;
-    Status s = engine_->add_request(id, outs[i].prompt_ids, options[i]);
+    const int n = params[i].n();
+    std::vector<RequestId> ids;
+    for (int j = 0; j < n; ++j) ids.push_back(next_id_++);
+    Status s = engine_->add_request(ids[0], prompt_ids[i], options[i],
+                                    std::span<const RequestId>(ids).subspan(1));
     if (!s.ok()) {
       abort_all();
       return Status(s.code(), "prompt " + std::to_string(i) + ": " + s.message());
     }
-    Pending p;
-    p.index = i;
-    if (tokenizer_) {
-      p.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_);
-      p.stops = std::make_unique<StopStringMatcher>(params[i].stop(),
-                                                    params[i].include_stop_str_in_output());
+    for (int j = 0; j < n; ++j) {
+      Pending p;
+      p.index = first_output + static_cast<size_t>(j);
+      outs[p.index].prompt_ids = prompt_ids[i];
+      if (tokenizer_) {
+        p.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_);
+        p.stops = std::make_unique<StopStringMatcher>(params[i].stop(),
+                                                      params[i].include_stop_str_in_output());
+      }
+      pending.emplace(ids[j], std::move(p));
     }
-    pending.emplace(id, std::move(p));
+    first_output += static_cast<size_t>(n);
   }
 
   while (!pending.empty()) {

@@ -86,7 +86,7 @@ LlmEngine::LlmEngine(CausalLm& model, const EngineConfig& config,
       scheduler_(std::move(s)),
       cache_(std::move(cache)),
       sampler_(nullptr),
-      entropy_(std::random_device{}()) {
+      entropy_(config.seed ? *config.seed : std::random_device{}()) {
   eos_ids_ = model.info().eos_ids;
   for (int32_t id : config.extra_eos_ids) {
     if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
@@ -94,10 +94,15 @@ LlmEngine::LlmEngine(CausalLm& model, const EngineConfig& config,
 }
 
 Status LlmEngine::add_request(RequestId id, std::vector<int32_t> prompt,
-                              const SamplingOptions& options) {
+                              const SamplingOptions& options,
+                              std::span<const RequestId> fork_ids) {
   const std::string who = "request " + std::to_string(id) + ": ";
   DS_ASSIGN_OR_RETURN(SamplingParams params, SamplingParams::create(options));
-  if (params.n() != 1) return unimplemented(who + "n > 1 is not supported by the engine yet");
+  if (static_cast<size_t>(params.n()) != 1 + fork_ids.size()) {
+    return invalid_argument(who + "n = " + std::to_string(params.n()) + " needs " +
+                            std::to_string(params.n() - 1) + " fork ids, got " +
+                            std::to_string(fork_ids.size()));
+  }
   const int64_t vocab = model_.info().vocab_size;
   for (int32_t t : prompt) {
     if (t < 0 || t >= vocab) {
@@ -105,22 +110,48 @@ Status LlmEngine::add_request(RequestId id, std::vector<int32_t> prompt,
                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
-  if (states_.count(id) != 0) return invalid_argument(who + "duplicate request id");
-  auto state = std::make_unique<SamplingState>(params, prompt, eos_ids_, entropy_());
+  std::vector<RequestId> ids = {id};
+  ids.insert(ids.end(), fork_ids.begin(), fork_ids.end());
+  for (size_t j = 0; j < ids.size(); ++j) {
+    if (states_.count(ids[j]) != 0 ||
+        std::find(ids.begin(), ids.begin() + j, ids[j]) != ids.begin() + j) {
+      return invalid_argument("request " + std::to_string(ids[j]) + ": duplicate request id");
+    }
+  }
+  // One sampling state per sequence: sequence j draws with seed + j.
+  std::vector<std::unique_ptr<SamplingState>> states;
+  for (size_t j = 0; j < ids.size(); ++j) {
+    SamplingOptions o = options;
+    o.n = 1;
+    if (o.seed) o.seed = *o.seed + j;
+    DS_ASSIGN_OR_RETURN(SamplingParams pj, SamplingParams::create(o));
+    states.push_back(std::make_unique<SamplingState>(pj, prompt, eos_ids_, entropy_()));
+  }
   sched::RequestSpec spec;
   spec.id = id;
   spec.prompt = std::move(prompt);
   spec.max_tokens = params.max_tokens();
   spec.min_tokens = params.min_tokens();
-  spec.stop_token_ids.assign(state->stop_ids().begin(), state->stop_ids().end());
+  spec.stop_token_ids.assign(states[0]->stop_ids().begin(), states[0]->stop_ids().end());
+  spec.fork_ids.assign(fork_ids.begin(), fork_ids.end());
+  spec.skip_prefix_cache = params.prompt_logprobs().has_value();
+  std::vector<int32_t> prompt_copy = params.prompt_logprobs() ? spec.prompt : std::vector<int32_t>();
   DS_RETURN_IF_ERROR(scheduler_->add_request(std::move(spec)));
-  states_.emplace(id, std::move(state));
+  if (params.prompt_logprobs()) {
+    PromptScores ps;
+    ps.n_top = *params.prompt_logprobs();
+    ps.scores.resize(prompt_copy.size() - 1);
+    ps.prompt = std::move(prompt_copy);
+    prompt_scores_.emplace(id, std::move(ps));
+  }
+  for (size_t j = 0; j < ids.size(); ++j) states_.emplace(ids[j], std::move(states[j]));
   return Status::Ok();
 }
 
 Status LlmEngine::finish_request(RequestId id, sched::FinishReason reason) {
   DS_RETURN_IF_ERROR(scheduler_->finish_request(id, reason));
   states_.erase(id);
+  prompt_scores_.erase(id);
   // Its block table goes when the next plan lists it as finished.
   return Status::Ok();
 }
@@ -134,6 +165,8 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
   b.seq_of_token.clear();
   b.block_tables.clear();
   b.logits_rows.clear();
+  b.row_prompt_pos.clear();
+  b.row_request.clear();
   b.block_table_offsets.assign(1, 0);
   for (size_t s = 0; s < plan.requests.size(); ++s) {
     const sched::ScheduledRequest& r = plan.requests[s];
@@ -142,12 +175,26 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
     table.insert(table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
     b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
     b.block_table_offsets.push_back(static_cast<int64_t>(b.block_tables.size()));
+    auto scoring = prompt_scores_.find(r.id);
+    const int n_scored = scoring == prompt_scores_.end()
+                             ? 0
+                             : static_cast<int>(scoring->second.scores.size());
     for (int i = 0; i < r.n_tokens; ++i) {
+      const int pos = r.start_pos + i;
+      if (pos < n_scored) {  // this row's logits score the next prompt token
+        b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()));
+        b.row_prompt_pos.push_back(pos);
+        b.row_request.push_back(r.id);
+      }
       b.tokens.push_back(r.token_ids[i]);
-      b.positions.push_back(r.start_pos + i);
+      b.positions.push_back(pos);
       b.seq_of_token.push_back(static_cast<int32_t>(s));
     }
-    if (r.sample) b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+    if (r.sample) {
+      b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+      b.row_prompt_pos.push_back(-1);
+      b.row_request.push_back(r.id);
+    }
   }
 }
 
@@ -185,10 +232,27 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
     sampled_index.push_back(i);
   }
   std::vector<SampleResult> results(states.size());
+  const int64_t vocab = model_.info().vocab_size;
+  std::span<const float> sample_logits = logits_;
+  if (states.size() != batch_.logits_rows.size()) {
+    // Prompt-scoring rows are mixed in: score them, and gather the sampling rows.
+    sample_logits_.clear();
+    for (size_t row = 0; row < batch_.logits_rows.size(); ++row) {
+      std::span<const float> logits(logits_.data() + row * vocab, static_cast<size_t>(vocab));
+      const int pos = batch_.row_prompt_pos[row];
+      if (pos < 0) {
+        sample_logits_.insert(sample_logits_.end(), logits.begin(), logits.end());
+        continue;
+      }
+      PromptScores& ps = prompt_scores_.at(batch_.row_request[row]);
+      ps.scores[pos] = prompt_scorer_.score(logits, ps.prompt[pos + 1], ps.n_top);
+    }
+    sample_logits = sample_logits_;
+  }
   if (!states.empty()) {
-    const int64_t vocab = model_.info().vocab_size;
-    DS_CHECK(static_cast<int64_t>(logits_.size()) == static_cast<int64_t>(states.size()) * vocab);
-    sampler_.sample(logits_, vocab, states, results);
+    DS_CHECK(static_cast<int64_t>(sample_logits.size()) ==
+             static_cast<int64_t>(states.size()) * vocab);
+    sampler_.sample(sample_logits, vocab, states, results);
   }
   std::vector<int32_t> sampled(plan.requests.size(), 0);
   for (size_t j = 0; j < results.size(); ++j) {
@@ -213,6 +277,10 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
     if (!stop_token) {
       o.new_token_ids.push_back(a.token);
       if (it->second->params().logprobs()) o.logprobs.push_back(std::move(results[j]));
+    }
+    if (auto ps = prompt_scores_.find(a.id); ps != prompt_scores_.end()) {
+      o.prompt_logprobs = std::move(ps->second.scores);
+      prompt_scores_.erase(ps);
     }
     if (a.finish_reason) states_.erase(it);
     outputs.push_back(std::move(o));

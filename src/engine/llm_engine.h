@@ -30,6 +30,7 @@
 #include "base/status.h"
 #include "model/causal_lm.h"
 #include "sampling/batch_sampler.h"
+#include "sampling/sampler.h"
 #include "sampling/sampling_params.h"
 #include "sampling/sampling_state.h"
 #include "sched/scheduler.h"
@@ -47,6 +48,8 @@ struct EngineConfig {
   // must have been loaded with a context of at least this many tokens.
   int max_model_len = 0;
   bool enable_prefix_caching = true;
+  // Seeds the seeds of requests that bring none (vLLM's --seed); none: random.
+  std::optional<uint64_t> seed;
   // End-of-sequence ids besides the model's own (e.g. the tokenizer's stop ids).
   std::vector<int32_t> extra_eos_ids;
 };
@@ -61,6 +64,9 @@ struct EngineOutput {
   // With SamplingOptions::logprobs: one entry per new token (raw logprob, rank and the
   // best alternatives).
   std::vector<SampleResult> logprobs;
+  // With SamplingOptions::prompt_logprobs, on the request's first output: one entry per
+  // prompt position 1..P-1 (the first prompt token has no log-probability).
+  std::vector<SampleResult> prompt_logprobs;
 };
 
 struct EngineStats {
@@ -87,8 +93,13 @@ class LlmEngine {
 
   // Queues a request. InvalidArgument for bad sampling options or token ids, a
   // duplicate id or a prompt too long for max_model_len; ResourceExhausted when it
-  // could never fit in the KV cache; Unimplemented for n > 1. Nothing changes on error.
-  Status add_request(RequestId id, std::vector<int32_t> prompt, const SamplingOptions& options);
+  // could never fit in the KV cache. Nothing changes on error.
+  // n > 1 (options.n): `fork_ids` names the n - 1 further sequences; each is a request
+  // of its own for outputs, finishing and aborting, sharing the prompt's KV blocks once
+  // the prompt is computed (computed once). With a seed, sequence j samples with
+  // seed + j, as vLLM's parallel sampling does.
+  Status add_request(RequestId id, std::vector<int32_t> prompt, const SamplingOptions& options,
+                     std::span<const RequestId> fork_ids = {});
   // Cancels a waiting or running request; its blocks return to the pool now.
   Status abort_request(RequestId id) { return finish_request(id, sched::FinishReason::kAbort); }
   // Ends a request (kStop: the caller found a stop string; kAbort: cancelled).
@@ -120,13 +131,26 @@ class LlmEngine {
 
   std::unordered_map<RequestId, std::unique_ptr<SamplingState>> states_;  // unfinished
   std::unordered_map<RequestId, std::vector<int32_t>> block_tables_;      // as planned so far
+  // Requests scoring their prompt, until their first output delivers the scores.
+  struct PromptScores {
+    std::vector<int32_t> prompt;
+    int n_top = 0;
+    std::vector<SampleResult> scores;  // [P - 1]: position p + 1 scored by row p
+  };
+  std::unordered_map<RequestId, PromptScores> prompt_scores_;
+  Sampler prompt_scorer_;
 
   // The step's batch (reused across steps).
   struct Batch {
     std::vector<int32_t> tokens, positions, seq_of_token, block_tables, logits_rows;
     std::vector<int64_t> block_table_offsets;
+    // Per logits row: the prompt position it scores (prompt_logprobs), or -1 for a
+    // sampling row; and the request it belongs to.
+    std::vector<int32_t> row_prompt_pos;
+    std::vector<RequestId> row_request;
   } batch_;
   std::vector<float> logits_;
+  std::vector<float> sample_logits_;  // the sampling rows alone, when prompt rows are mixed in
   int64_t n_computed_tokens_ = 0;
   int64_t n_generated_tokens_ = 0;
 };

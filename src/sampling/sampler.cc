@@ -220,11 +220,19 @@ SampleResult Sampler::sample(const SamplingState& state, std::span<const float> 
       }
     }
   }
-  if (p.logprobs()) fill_logprobs(state, logits, &result);
+  if (p.logprobs()) fill_logprobs(logits, static_cast<size_t>(*p.logprobs()), &result);
   return result;
 }
 
-void Sampler::fill_logprobs(const SamplingState& state, std::span<const float> logits,
+SampleResult Sampler::score(std::span<const float> logits, int32_t token, int n_top) {
+  DS_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size() && n_top >= 0);
+  SampleResult result;
+  result.token = token;
+  fill_logprobs(logits, static_cast<size_t>(n_top), &result);
+  return result;
+}
+
+void Sampler::fill_logprobs(std::span<const float> logits, size_t n_top,
                             SampleResult* result) {
   // log-sum-exp with the vectorised exp (relative error ~1e-7 per term).
   const float max = max_of(logits);
@@ -242,7 +250,6 @@ void Sampler::fill_logprobs(const SamplingState& state, std::span<const float> l
 
   // The best L raw logits by a bounded heap: O(V log L), and O(V) in practice since
   // most logits lose the first comparison.
-  const size_t n_top = static_cast<size_t>(*state.params().logprobs());
   heap_.clear();
   if (n_top > 0) {
     best_k(logits, n_top, kNegInf, &heap_);

@@ -59,6 +59,10 @@ class Sampler {
   // logits: [vocab], the model's raw output for this sequence's next position.
   SampleResult sample(const SamplingState& state, std::span<const float> logits);
 
+  // The raw log-probability and rank of a given `token` under logits, with the best
+  // n_top alternatives (prompt logprobs: how likely the model found the actual text).
+  SampleResult score(std::span<const float> logits, int32_t token, int n_top);
+
   // The distribution sample() draws from, as logits: penalties and masking applied,
   // divided by the temperature, -inf for every id min_p / top_k / top_p removed.
   // Greedy requests get the penalised logits unscaled. out: [vocab]. For tests and
@@ -77,8 +81,7 @@ class Sampler {
   // The best min(k, |{row >= threshold}|) finite entries of row, in no order.
   static void best_k(std::span<const float> row, size_t k, float threshold,
                      std::vector<Candidate>* out);
-  void fill_logprobs(const SamplingState& state, std::span<const float> logits,
-                     SampleResult* result);
+  void fill_logprobs(std::span<const float> logits, size_t n_top, SampleResult* result);
 
   std::vector<float> row_;             // [vocab] penalised logits
   std::vector<Candidate> candidates_;  // scratch for filtering

@@ -47,6 +47,10 @@ Result<SamplingParams> SamplingParams::create(SamplingOptions o) {
     return invalid_argument("min_tokens must be in [0, max_tokens=" + std::to_string(o.max_tokens) +
                             "], got " + std::to_string(o.min_tokens));
   }
+  if (o.prompt_logprobs && (*o.prompt_logprobs < 0 || *o.prompt_logprobs > kMaxLogprobs)) {
+    return invalid_argument("prompt_logprobs must be in [0, " + std::to_string(kMaxLogprobs) +
+                            "], got " + std::to_string(*o.prompt_logprobs));
+  }
   if (o.logprobs && (*o.logprobs < 0 || *o.logprobs > kMaxLogprobs)) {
     return invalid_argument("logprobs must be in [0, " + std::to_string(kMaxLogprobs) + "], got " +
                             std::to_string(*o.logprobs));

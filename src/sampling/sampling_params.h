@@ -47,6 +47,10 @@ struct SamplingOptions {
   int max_tokens = 16;                      // >= 1
   int min_tokens = 0;                       // [0, max_tokens]; stop ids masked until reached
   std::optional<int> logprobs = {};         // [0, kMaxLogprobs] alternatives; none: no logprobs
+  // [0, kMaxLogprobs]: also the log-probability of every prompt token after the first
+  // (and this many alternatives), as evaluation harnesses score text; none: off. Such
+  // a request bypasses the prefix cache, since cached positions have no logits.
+  std::optional<int> prompt_logprobs = {};
 };
 
 class SamplingParams {
@@ -71,6 +75,7 @@ class SamplingParams {
   int max_tokens() const { return o_.max_tokens; }
   int min_tokens() const { return o_.min_tokens; }
   const std::optional<int>& logprobs() const { return o_.logprobs; }
+  const std::optional<int>& prompt_logprobs() const { return o_.prompt_logprobs; }
 
   bool greedy() const { return o_.temperature < kGreedyTemperature; }
   bool has_penalties() const {

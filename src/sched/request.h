@@ -55,6 +55,8 @@ struct RequestSpec {
   // they take its prompt blocks (KvCacheManager::fork) and recompute only the last
   // prompt token, to sample their own first token.
   std::vector<RequestId> fork_ids;
+  // Compute every prompt position (no prefix-cache hit), e.g. to score the prompt.
+  bool skip_prefix_cache = false;
 
   // InvalidArgument for an empty prompt, max_tokens < 1, min_tokens < 0.
   Status validate() const;

@@ -219,7 +219,9 @@ SchedulerOutput Scheduler::schedule() {
            static_cast<int>(running_.size()) < config_.max_num_seqs) {
       Request& r = *waiting_.front();
       DS_CHECK(r.n_computed_tokens == 0);
-      kvcache::PrefixHit hit = kv_.get_computed_blocks(r.spec.id, r.tokens());
+      kvcache::PrefixHit hit = r.spec.skip_prefix_cache
+                                   ? kvcache::PrefixHit{}
+                                   : kv_.get_computed_blocks(r.spec.id, r.tokens());
       const int n_new = std::min(r.n_tokens() - hit.n_tokens, budget);
       if (!kv_.allocate_slots(r.spec.id, r.tokens(), hit.n_tokens, n_new, &hit)) break;
       waiting_.pop_front();

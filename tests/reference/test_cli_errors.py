@@ -152,4 +152,4 @@ def test_perplexity_bad_inputs(dserve_bin, tmp_path):
 def test_usage_errors(dserve_bin):
     _fails_cleanly([dserve_bin])
     _fails_cleanly([dserve_bin, "generate", "--no-such-flag"], "no-such-flag")
-    _fails_cleanly([dserve_bin, "serve"])
+    _fails_cleanly([dserve_bin, "serve", "--no-such-flag"], "no-such-flag")

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <random>
 
-#include "../loader/test_files.h"
+#include "tiny_llama.h"
 #include "backend/backend.h"
 #include "base/log.h"
 #include "engine/llm_engine.h"
@@ -16,53 +16,6 @@
 
 namespace dserve {
 namespace {
-
-constexpr int kVocab = 97, kHidden = 32, kHeads = 4, kKvHeads = 2, kHeadDim = 8, kLayers = 2,
-              kInter = 48, kContext = 512;
-
-// A Hugging Face directory holding a random F32 LlamaForCausalLM.
-std::string write_tiny_llama() {
-  const std::string dir = testing::scratch_dir();
-  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                           {"vocab_size", kVocab},
-                           {"hidden_size", kHidden},
-                           {"intermediate_size", kInter},
-                           {"num_hidden_layers", kLayers},
-                           {"num_attention_heads", kHeads},
-                           {"num_key_value_heads", kKvHeads},
-                           {"max_position_embeddings", kContext},
-                           {"rms_norm_eps", 1e-5},
-                           {"rope_theta", 10000.0},
-                           {"tie_word_embeddings", true}};
-  testing::write_file(dir + "/config.json", config.dump());
-  std::mt19937 rng(42);
-  std::normal_distribution<float> normal(0.0f, 0.3f);
-  nlohmann::json header;
-  std::string data;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool ones) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    const size_t begin = data.size();
-    for (int64_t i = 0; i < n; ++i) testing::append<float>(&data, ones ? 1.0f : normal(rng));
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
-  };
-  add("model.embed_tokens.weight", {kVocab, kHidden}, false);
-  add("model.norm.weight", {kHidden}, true);
-  for (int l = 0; l < kLayers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {kHidden}, true);
-    add(p + "post_attention_layernorm.weight", {kHidden}, true);
-    add(p + "self_attn.q_proj.weight", {kHeads * kHeadDim, kHidden}, false);
-    add(p + "self_attn.k_proj.weight", {kKvHeads * kHeadDim, kHidden}, false);
-    add(p + "self_attn.v_proj.weight", {kKvHeads * kHeadDim, kHidden}, false);
-    add(p + "self_attn.o_proj.weight", {kHidden, kHeads * kHeadDim}, false);
-    add(p + "mlp.gate_proj.weight", {kInter, kHidden}, false);
-    add(p + "mlp.up_proj.weight", {kInter, kHidden}, false);
-    add(p + "mlp.down_proj.weight", {kHidden, kInter}, false);
-  }
-  testing::write_file(dir + "/model.safetensors", testing::safetensors_bytes(header, data));
-  return dir;
-}
 
 SamplingOptions greedy(int max_tokens) {
   SamplingOptions o;
@@ -302,6 +255,70 @@ TEST_F(EngineTest, LogprobsComeWithTheTokens) {
     }
   }
   EXPECT_EQ(n, r.options.max_tokens);
+}
+
+}  // namespace
+}  // namespace dserve
+
+namespace dserve {
+namespace {
+
+// n > 1: the prompt is computed once (the forks take its blocks and recompute only its
+// last token); greedy forks all equal the solo run; seeded fork j equals a lone request
+// seeded with seed + j; aborting one fork leaves the others going; no block leaks.
+TEST_F(EngineTest, ParallelSamplingSharesThePrompt) {
+  Req r = random_requests(1, 1, 8)[0];
+  r.prompt.resize(70);
+  for (size_t i = 0; i < r.prompt.size(); ++i) r.prompt[i] = static_cast<int32_t>((i * 5) % kVocab);
+  r.options = greedy(6);
+  r.options.n = 3;
+  auto engine = LlmEngine::create(*model_, config(100));
+  ASSERT_TRUE(engine.ok());
+  LlmEngine& e = **engine;
+  const std::vector<RequestId> forks = {1, 2};
+  ASSERT_TRUE(e.add_request(0, r.prompt, r.options, forks).ok());
+  EXPECT_EQ(e.add_request(5, r.prompt, r.options, std::vector<RequestId>{6}).code(),
+            StatusCode::kInvalidArgument);  // n = 3 needs two fork ids
+  std::vector<std::vector<int32_t>> out(3);
+  while (e.has_unfinished_requests()) {
+    auto step = e.step();
+    ASSERT_TRUE(step.ok());
+    for (const EngineOutput& o : *step) {
+      out[o.id].insert(out[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }
+  }
+  Req one = r;
+  one.options.n = 1;
+  const std::vector<int32_t> want = solo(one);
+  for (const auto& o : out) EXPECT_EQ(o, want);
+  const EngineStats s = e.stats();
+  // Prompt once, the last prompt token again per fork, then 5 decode steps each.
+  EXPECT_EQ(s.n_computed_tokens, 70 + 2 + 3 * 5);
+  EXPECT_EQ(s.n_free_blocks, s.n_blocks);
+
+  // Seeded: fork j samples like a lone request seeded with seed + j.
+  Req seeded = r;
+  seeded.options.temperature = 1.0f;
+  seeded.options.seed = 77;
+  seeded.options.n = 2;
+  auto e2 = LlmEngine::create(*model_, config(100));
+  ASSERT_TRUE(e2.ok());
+  ASSERT_TRUE((*e2)->add_request(0, seeded.prompt, seeded.options, std::vector<RequestId>{1}).ok());
+  std::vector<std::vector<int32_t>> got(2);
+  while ((*e2)->has_unfinished_requests()) {
+    auto step = (*e2)->step();
+    ASSERT_TRUE(step.ok());
+    for (const EngineOutput& o : *step)
+      got[o.id].insert(got[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  }
+  for (int j = 0; j < 2; ++j) {
+    Req lone = seeded;
+    lone.options.n = 1;
+    lone.options.seed = 77 + j;
+    auto e3 = LlmEngine::create(*model_, config(100));
+    ASSERT_TRUE(e3.ok());
+    EXPECT_EQ(run(**e3, {lone})[0], got[j]) << j;
+  }
 }
 
 }  // namespace

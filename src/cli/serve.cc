@@ -1,0 +1,228 @@
+#include "cli/serve.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "base/log.h"
+#include "chat/chat_template.h"
+#include "chat/chat_template_source.h"
+#include "dserve/async_llm.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/serving.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dserve::cli {
+
+CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
+  CLI::App* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible HTTP API");
+  cmd->add_option("model_tag", o->common.model,
+                  "model: a .gguf file or a Hugging Face directory (default: the default model)");
+  cmd->add_option("--model", o->common.model, "the same as the positional MODEL");
+  cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "port to listen on")->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->api_key,
+                  "require `Authorization: Bearer KEY` on /v1 routes (also $DSERVE_API_KEY)");
+  cmd->add_option("--served-model-name", o->served_model_name,
+                  "model name(s) clients use; the first is reported (default: the model path)");
+  cmd->add_option("--max-model-len", o->max_model_len,
+                  "prompt + output tokens at most (default 0: the model's context)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "running requests at most")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
+                  "tokens per engine step at most")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--block-size", o->block_size, "tokens per KV-cache block")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "on the CPU: the fraction of the machine's memory dserve may use; the KV cache "
+                  "gets what weights and buffers leave (default 0: use --kv-cache-memory)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "bytes for the KV cache")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed for requests that bring none (default: random)");
+  cmd->add_option("--dtype", o->dtype, "activation dtype: auto or float32")->capture_default_str();
+  cmd->add_option("--quantization,-q", o->quantization,
+                  "weight quantisation: empty (as stored; GGUF and FP8 checkpoints are "
+                  "detected) or fp8");
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
+                "reuse KV blocks of shared prompt prefixes (default on)");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "a Jinja chat template file (or the template itself) instead of the model's");
+  cmd->add_option("--reasoning-parser", o->reasoning_parser,
+                  "split reasoning into reasoning_content: deepseek_r1")
+      ->check(CLI::IsMember({"deepseek_r1"}));
+  cmd->add_flag("--trust-remote-code", o->trust_remote_code,
+                "accepted for vLLM compatibility; dserve never runs model code");
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout,
+                  "seconds running requests may take to finish after SIGTERM")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-body-bytes", o->max_body_bytes, "larger request bodies get HTTP 413")
+      ->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", o->tensor_parallel_size,
+                  "tensor-parallel ranks (only 1 so far)")->capture_default_str();
+  cmd->add_option("--pipeline-parallel-size", o->pipeline_parallel_size,
+                  "pipeline-parallel ranks (only 1 so far)")->capture_default_str();
+  cmd->add_option("--data-parallel-size", o->data_parallel_size,
+                  "data-parallel ranks (only 1 so far)")->capture_default_str();
+  cmd->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
+                "expert parallelism (not built yet)");
+  cmd->add_option("--threads", o->common.n_threads, "worker threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--log-level", o->common.log_level, "debug, info, warning or error")
+      ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
+  cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+  o->common.log_level = "info";
+  return cmd;
+}
+
+namespace {
+
+// Flags that name something dserve cannot do yet fail instead of being ignored.
+Status check_unbuilt(const ServeOptions& o) {
+  auto unbuilt = [](const std::string& what) {
+    return unimplemented(what + " is not built yet; run with the default");
+  };
+  if (o.tensor_parallel_size != 1) return unbuilt("--tensor-parallel-size " + std::to_string(o.tensor_parallel_size));
+  if (o.pipeline_parallel_size != 1) return unbuilt("--pipeline-parallel-size " + std::to_string(o.pipeline_parallel_size));
+  if (o.data_parallel_size != 1) return unbuilt("--data-parallel-size " + std::to_string(o.data_parallel_size));
+  if (o.enable_expert_parallel) return unbuilt("--enable-expert-parallel");
+  if (o.dtype != "auto" && o.dtype != "float32" && o.dtype != "float") {
+    return unimplemented("--dtype " + o.dtype +
+                         ": the CPU backend computes in float32 (weights stay as stored); use "
+                         "auto or float32");
+  }
+  if (!o.quantization.empty() && o.quantization != "fp8") {
+    return unimplemented("--quantization " + o.quantization +
+                         " is not built yet (GGUF quantisations and FP8 checkpoints load as "
+                         "stored)");
+  }
+  return Status::Ok();
+}
+
+// --chat-template: a file, else the template text itself (as vLLM).
+Result<std::unique_ptr<chat::ChatTemplate>> load_chat_template(const ServeOptions& o,
+                                                               const std::string& model_path) {
+  Result<chat::ChatTemplateSource> found = chat::find_chat_template(model_path);
+  chat::ChatTemplateSource src;
+  if (found.ok()) src = std::move(found).value();
+  if (!o.chat_template.empty()) {
+    std::ifstream f(o.chat_template);
+    if (f) {
+      std::stringstream ss;
+      ss << f.rdbuf();
+      src.source = ss.str();
+    } else if (o.chat_template.find("{%") != std::string::npos ||
+               o.chat_template.find("{{") != std::string::npos) {
+      src.source = o.chat_template;
+    } else {
+      return not_found("--chat-template " + o.chat_template + ": no such file");
+    }
+  }
+  if (src.source.empty()) {
+    DS_LOG_WARN("{}: no chat template ({}); /v1/chat/completions needs --chat-template",
+                model_path, found.ok() ? "empty" : found.status().message());
+    return std::unique_ptr<chat::ChatTemplate>();
+  }
+  Result<std::unique_ptr<chat::ChatTemplate>> t =
+      chat::ChatTemplate::create(src.source, src.bos_token, src.eos_token);
+  if (!t.ok()) return t.status().with_context("chat template");
+  return t;
+}
+
+}  // namespace
+
+int run_serve(ServeOptions o) {
+  if (o.api_key.empty()) {
+    if (const char* k = std::getenv("DSERVE_API_KEY")) o.api_key = k;
+  }
+  if (Status s = check_unbuilt(o); !s.ok()) return report_error(s);
+  const std::string model_path = o.common.model.empty() ? default_model_path() : o.common.model;
+  if (o.served_model_name.empty()) o.served_model_name.push_back(model_path);
+
+  // Signals go to one thread that waits for them; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a write to a closed socket is an error, not a death
+
+  LlmOptions lo;
+  lo.max_num_seqs = o.max_num_seqs;
+  lo.max_num_batched_tokens = o.max_num_batched_tokens;
+  lo.block_size = o.block_size;
+  lo.kv_cache_memory = o.kv_cache_memory;
+  lo.gpu_memory_utilization = o.gpu_memory_utilization;
+  lo.max_model_len = o.max_model_len;
+  lo.enable_prefix_caching = o.enable_prefix_caching;
+  lo.seed = o.seed;
+  lo.n_threads = o.common.n_threads;
+  lo.isa = o.common.isa;
+  Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
+  if (!llm.ok()) return report_error(llm.status());
+  Result<std::unique_ptr<chat::ChatTemplate>> tmpl = load_chat_template(o, model_path);
+  if (!tmpl.ok()) return report_error(tmpl.status());
+
+  server::ServerMetrics metrics(o.served_model_name.front());
+  Result<std::unique_ptr<AsyncLlm>> async = AsyncLlm::create(std::move(llm).value(), &metrics);
+  if (!async.ok()) return report_error(async.status());
+  server::ServingConfig sc;
+  sc.served_model_names = o.served_model_name;
+  sc.model_path = model_path;
+  sc.reasoning_deepseek_r1 = o.reasoning_parser == "deepseek_r1";
+  server::ChatRenderer render_chat;
+  std::shared_ptr<chat::ChatTemplate> chat_template = std::move(tmpl).value();
+  if (chat_template) {
+    render_chat = [chat_template](const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                  const nlohmann::ordered_json& kwargs) {
+      return chat_template->render(messages, add_generation_prompt, kwargs);
+    };
+  }
+  server::OpenAiServing serving(**async, std::move(render_chat), sc);
+  server::HttpServerConfig hc;
+  hc.host = o.host;
+  hc.port = o.port;
+  hc.api_key = o.api_key;
+  hc.max_body_bytes = o.max_body_bytes;
+  hc.n_http_threads = std::max(512, 2 * o.max_num_seqs);
+  server::HttpServer http(hc, serving, metrics);
+
+  AsyncLlm& engine = **async;
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig == 0) return;  // woken by ourselves at exit
+    DS_LOG_INFO("signal {}: no new requests; waiting up to {} s for running ones", sig,
+                o.shutdown_timeout);
+    http.set_draining(true);
+    engine.stop_accepting();
+    const auto budget = std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000));
+    if (!engine.wait_idle(budget)) {
+      DS_LOG_WARN("shutdown timeout: aborting the requests still running");
+      engine.abort_all();
+      engine.wait_idle(std::chrono::seconds(5));
+    }
+    http.stop();
+  });
+  Status s = http.run();
+  if (!s.ok()) {
+    pthread_kill(signal_thread.native_handle(), SIGTERM);
+    signal_thread.join();
+    return report_error(s);
+  }
+  signal_thread.join();
+  DS_LOG_INFO("shut down");
+  return 0;
+}
+
+}  // namespace dserve::cli

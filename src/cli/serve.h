@@ -1,0 +1,51 @@
+// `dserve serve [MODEL]`: the OpenAI-compatible server, with vLLM's flag names and
+// meanings. Loads the model, starts the engine thread and the HTTP server, and on
+// SIGTERM/SIGINT stops accepting, lets running requests finish for up to
+// --shutdown-timeout seconds, aborts the rest and exits 0.
+// Thread-safety: called from main's thread only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_common.h"
+
+namespace dserve::cli {
+
+struct ServeOptions {
+  CommonOptions common;
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  std::string api_key;  // also $DSERVE_API_KEY
+  std::vector<std::string> served_model_name;
+  int max_model_len = 0;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int block_size = 16;
+  double gpu_memory_utilization = 0.0;
+  int64_t kv_cache_memory = int64_t{1} << 30;
+  std::optional<uint64_t> seed;
+  std::string dtype = "auto";
+  std::string quantization;
+  bool enable_prefix_caching = true;
+  std::string chat_template;
+  std::string reasoning_parser;
+  bool trust_remote_code = false;
+  double shutdown_timeout = 30.0;
+  size_t max_body_bytes = size_t{32} << 20;
+  // Capabilities not built yet: any value but the default fails with a clear message.
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  int data_parallel_size = 1;
+  bool enable_expert_parallel = false;
+};
+
+// Registers `serve` and its flags on `app`.
+CLI::App* add_serve_command(CLI::App& app, ServeOptions* options);
+int run_serve(ServeOptions options);
+
+}  // namespace dserve::cli

@@ -1,0 +1,329 @@
+#include "dserve/async_llm.h"
+
+#include <future>
+
+#include "base/log.h"
+#include "sampling/stop_string_matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dserve {
+
+using Clock = std::chrono::steady_clock;
+
+static double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::vector<OutputDelta> OutputQueue::pop(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !items_.empty(); });
+  std::vector<OutputDelta> out(std::make_move_iterator(items_.begin()),
+                               std::make_move_iterator(items_.end()));
+  items_.clear();
+  return out;
+}
+
+void OutputQueue::push(OutputDelta delta) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    items_.push_back(std::move(delta));
+  }
+  cv_.notify_all();
+}
+
+// A request the engine thread is serving.
+struct AsyncLlm::Pending {
+  std::shared_ptr<OutputQueue> queue;
+  int index = 0;
+  std::unique_ptr<IncrementalDecoder> decoder;  // null without a tokenizer
+  std::unique_ptr<StopStringMatcher> stops;
+  Clock::time_point arrival, last_token;
+  int n_prompt_tokens = 0;
+  int n_generated_tokens = 0;
+};
+
+// What a handler thread asks of the engine thread.
+struct AsyncLlm::Command {
+  enum class Kind { kAdd, kAbort, kAbortAll } kind = Kind::kAdd;
+  RequestId id = 0;             // kAbort
+  std::vector<RequestId> ids;   // kAdd: the request's sequences
+  std::vector<int32_t> prompt;
+  SamplingOptions options;
+  std::shared_ptr<OutputQueue> queue;
+  int index = 0;
+  Clock::time_point arrival;
+  std::promise<Status> done;  // kAdd: whether the engine took the request
+};
+
+Result<std::unique_ptr<AsyncLlm>> AsyncLlm::create(std::unique_ptr<LLM> llm,
+                                                   EngineObserver* observer) {
+  if (!llm) return invalid_argument("AsyncLlm needs a loaded LLM");
+  std::unique_ptr<AsyncLlm> a(new AsyncLlm(std::move(llm), observer));
+  a->thread_ = std::thread([p = a.get()] { p->run(); });
+  return a;
+}
+
+AsyncLlm::AsyncLlm(std::unique_ptr<LLM> llm, EngineObserver* observer)
+    : llm_(std::move(llm)),
+      observer_(observer),
+      max_model_len_(llm_->engine().config().max_model_len),
+      pending_(std::make_unique<std::unordered_map<RequestId, Pending>>()) {
+  stats_ = llm_->engine().stats();
+}
+
+AsyncLlm::~AsyncLlm() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Result<std::vector<RequestId>> AsyncLlm::add_request(std::vector<int32_t> prompt,
+                                                     const SamplingOptions& options,
+                                                     std::shared_ptr<OutputQueue> queue,
+                                                     int index) {
+  if (!queue) return invalid_argument("AsyncLlm::add_request needs an output queue");
+  if (options.n < 1) return invalid_argument("n must be at least 1, got " + std::to_string(options.n));
+  auto c = std::make_unique<Command>();
+  c->kind = Command::Kind::kAdd;
+  c->prompt = std::move(prompt);
+  c->options = options;
+  c->queue = std::move(queue);
+  c->index = index;
+  c->arrival = Clock::now();
+  std::future<Status> done = c->done.get_future();
+  std::vector<RequestId> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!accepting_ || stopping_)
+      return Status(StatusCode::kResourceExhausted, "the server is shutting down");
+    if (failed_) return internal_error("the engine failed and serves no more requests");
+    for (int j = 0; j < options.n; ++j) ids.push_back(next_id_++);
+    c->ids = ids;
+    n_unfinished_ += options.n;
+    inbox_.push_back(c.release());
+  }
+  cv_.notify_all();
+  Status s = done.get();
+  if (!s.ok()) return s;
+  return ids;
+}
+
+void AsyncLlm::abort(RequestId id) {
+  auto c = new Command();
+  c->kind = Command::Kind::kAbort;
+  c->id = id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(c);
+  }
+  cv_.notify_all();
+}
+
+void AsyncLlm::abort_all() {
+  auto c = new Command();
+  c->kind = Command::Kind::kAbortAll;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(c);
+  }
+  cv_.notify_all();
+}
+
+void AsyncLlm::stop_accepting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accepting_ = false;
+}
+
+bool AsyncLlm::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return n_unfinished_ == 0; });
+}
+
+EngineStats AsyncLlm::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void AsyncLlm::finish(RequestId id, const std::string& reason, const std::string& error) {
+  auto it = pending_->find(id);
+  if (it == pending_->end()) return;
+  Pending& p = it->second;
+  OutputDelta d;
+  d.index = p.index;
+  d.finish_reason = reason;
+  d.error = error;
+  if (p.decoder && reason != "error") {
+    // Whatever the decoder and the stop matcher still hold is final now.
+    const StopStringMatcher::Output so = p.stops->add(p.decoder->flush());
+    d.text = so.text;
+    if (!so.stopped) d.text += p.stops->flush();
+  }
+  p.queue->push(std::move(d));
+  if (observer_) {
+    observer_->on_finished(reason, p.n_prompt_tokens, p.n_generated_tokens,
+                           seconds_between(p.arrival, Clock::now()));
+  }
+  pending_->erase(it);
+  std::lock_guard<std::mutex> lock(mu_);
+  --n_unfinished_;
+}
+
+void AsyncLlm::apply(Command& c) {
+  LlmEngine& engine = llm_->engine();
+  switch (c.kind) {
+    case Command::Kind::kAdd: {
+      const RequestId id = c.ids.front();
+      Status s = engine.add_request(id, c.prompt, c.options,
+                                    std::span<const RequestId>(c.ids).subspan(1));
+      const Tokenizer* tok = llm_->tokenizer();
+      if (s.ok() && !c.options.stop.empty() && !tok) {
+        for (RequestId r : c.ids) (void)engine.abort_request(r);
+        s = invalid_argument("stop strings need the model's tokenizer");
+      }
+      if (!s.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          n_unfinished_ -= static_cast<int64_t>(c.ids.size());
+        }
+        c.done.set_value(std::move(s));
+        return;
+      }
+      for (size_t j = 0; j < c.ids.size(); ++j) {
+        Pending p;
+        p.queue = c.queue;
+        p.index = c.index + static_cast<int>(j);
+        if (tok) {
+          p.decoder = std::make_unique<IncrementalDecoder>(*tok);
+          p.stops = std::make_unique<StopStringMatcher>(c.options.stop,
+                                                        c.options.include_stop_str_in_output);
+        }
+        p.arrival = c.arrival;
+        p.n_prompt_tokens = static_cast<int>(c.prompt.size());
+        pending_->emplace(c.ids[j], std::move(p));
+      }
+      c.done.set_value(Status::Ok());
+      return;
+    }
+    case Command::Kind::kAbort:
+      if (pending_->count(c.id) == 0) return;  // already finished
+      (void)engine.abort_request(c.id);
+      finish(c.id, "abort");
+      return;
+    case Command::Kind::kAbortAll: {
+      std::vector<RequestId> ids;
+      for (const auto& [id, p] : *pending_) ids.push_back(id);
+      for (RequestId id : ids) {
+        (void)engine.abort_request(id);
+        finish(id, "abort");
+      }
+      return;
+    }
+  }
+}
+
+void AsyncLlm::publish(std::vector<EngineOutput>& outputs) {
+  LlmEngine& engine = llm_->engine();
+  const Clock::time_point now = Clock::now();
+  for (EngineOutput& e : outputs) {
+    auto it = pending_->find(e.id);
+    if (it == pending_->end()) continue;
+    Pending& p = it->second;
+    OutputDelta d;
+    d.index = p.index;
+    bool stopped = false;
+    for (int32_t t : e.new_token_ids) {
+      d.token_ids.push_back(t);
+      if (p.decoder && !stopped) {
+        const StopStringMatcher::Output so = p.stops->add(p.decoder->add(t));
+        d.text += so.text;
+        stopped = so.stopped;
+      }
+    }
+    if (!e.new_token_ids.empty() && observer_) {
+      if (p.n_generated_tokens == 0) {
+        observer_->on_first_token(seconds_between(p.arrival, now));
+      } else {
+        observer_->on_inter_token(seconds_between(p.last_token, now));
+      }
+    }
+    p.last_token = now;
+    p.n_generated_tokens += static_cast<int>(e.new_token_ids.size());
+    d.logprobs = std::move(e.logprobs);
+    d.prompt_logprobs = std::move(e.prompt_logprobs);
+    std::optional<std::string> reason;
+    if (e.finish_reason) reason = sched::finish_reason_name(*e.finish_reason);
+    if (stopped && !reason) {
+      (void)engine.finish_request(e.id, sched::FinishReason::kStop);
+      reason = "stop";
+    }
+    if (!d.token_ids.empty() || !d.text.empty() || !d.prompt_logprobs.empty())
+      p.queue->push(std::move(d));
+    if (reason) {
+      if (stopped) p.decoder.reset();  // nothing more to flush after a stop string
+      finish(e.id, *reason);
+    }
+  }
+}
+
+void AsyncLlm::run() {
+  LlmEngine& engine = llm_->engine();
+  for (;;) {
+    std::deque<Command*> inbox;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stopping_ || !inbox_.empty() || engine.has_unfinished_requests();
+      });
+      if (stopping_) {
+        inbox.swap(inbox_);
+        lock.unlock();
+        for (Command* c : inbox) {
+          if (c->kind == Command::Kind::kAdd) c->done.set_value(internal_error("shutting down"));
+          delete c;
+        }
+        break;
+      }
+      inbox.swap(inbox_);
+    }
+    for (Command* c : inbox) {
+      apply(*c);
+      delete c;
+    }
+    if (engine.has_unfinished_requests()) {
+      Result<std::vector<EngineOutput>> outputs = engine.step();
+      if (!outputs.ok()) {
+        DS_LOG_ERROR("engine step failed: {}", outputs.status().message());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          failed_ = true;
+        }
+        std::vector<RequestId> ids;
+        for (const auto& [id, p] : *pending_) ids.push_back(id);
+        for (RequestId id : ids) finish(id, "error", outputs.status().message());
+        // The engine cannot go on; drop its requests so the loop waits for commands.
+        for (RequestId id : ids) (void)engine.abort_request(id);
+      } else {
+        publish(*outputs);
+      }
+    }
+    const EngineStats s = engine.stats();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = s;
+    }
+    if (observer_) observer_->on_stats(s);
+    cv_.notify_all();  // wait_idle
+  }
+  // Whatever is left ends as aborted, so no reader waits forever.
+  std::vector<RequestId> ids;
+  for (const auto& [id, p] : *pending_) ids.push_back(id);
+  for (RequestId id : ids) {
+    (void)engine.abort_request(id);
+    finish(id, "abort");
+  }
+}
+
+}  // namespace dserve

@@ -1,0 +1,217 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <sys/socket.h>
+
+#include <chrono>
+
+#include "base/log.h"
+#include "server/api_error.h"
+#include "server/metrics.h"
+#include "server/serving.h"
+
+namespace dserve::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+constexpr int kListenBacklog = 4096;  // capped by net.core.somaxconn
+// Deeper JSON is refused before parsing: the parser recurses, and a body of nothing
+// but '[' must not exhaust the stack.
+constexpr int kMaxJsonDepth = 256;
+
+bool json_too_deep(const std::string& s) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.http_status, e.to_json()); }
+
+// Equal strings in time that depends only on their lengths.
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::string& ref = a.size() == b.size() ? b : a;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ ref[i]);
+  return diff == 0;
+}
+
+thread_local std::chrono::steady_clock::time_point t_request_start;
+
+}  // namespace
+
+struct HttpServer::Impl {
+  httplib::Server svr;
+  std::atomic<int> listen_fd{-1};  // the listening socket, recorded when it is made
+};
+
+HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMetrics& metrics)
+    : impl_(std::make_unique<Impl>()) {
+  httplib::Server& svr = impl_->svr;
+  const int n_threads = config.n_http_threads;
+  svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
+  svr.set_payload_max_length(config.max_body_bytes);
+  // Debian's cpp-httplib listens with a backlog of 5, so a burst of hundreds of
+  // connections would be reset; run() raises it once the socket listens.
+  svr.set_socket_options([impl = impl_.get()](socket_t sock) {
+    httplib::default_socket_options(sock);
+    impl->listen_fd = static_cast<int>(sock);
+  });
+  svr.set_keep_alive_max_count(100000);
+  svr.set_keep_alive_timeout(5);
+  svr.set_read_timeout(30);
+  // A client that reads nothing for this long has its stream cancelled.
+  svr.set_write_timeout(10);
+
+  const std::string api_key = config.api_key;
+  svr.set_pre_routing_handler([this, api_key](const httplib::Request& req,
+                                              httplib::Response& res) {
+    t_request_start = std::chrono::steady_clock::now();
+    const bool protected_route = req.path.rfind("/v1/", 0) == 0;
+    if (protected_route && !api_key.empty()) {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string prefix = "Bearer ";
+      const std::string given = auth.rfind(prefix, 0) == 0 ? auth.substr(prefix.size()) : "";
+      if (!constant_time_equal(given, api_key)) {
+        send_error(res, {401, "Incorrect API key provided.", "authentication_error", "",
+                         "invalid_api_key"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (draining_ && req.method == "POST") {
+      send_error(res, {503, "the server is shutting down", "service_unavailable", "", ""});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // Statuses set by the library itself (404 for an unknown route, 413, 400 for a bad
+  // request line) get OpenAI's error shape too.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse(
+      [](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e{res.status, "", "invalid_request_error", "", ""};
+    switch (res.status) {
+      case 404: e.message = "no route for " + req.method + " " + req.path; e.type = "not_found_error"; break;
+      case 413: e.message = "the request body is larger than the limit"; e.code = "request_too_large"; break;
+      case 405: e.message = "method not allowed"; break;
+      default: e.message = "bad request (HTTP " + std::to_string(res.status) + ")"; break;
+    }
+    send_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                               std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    DS_LOG_ERROR("request failed: {}", what);
+    send_error(res, {500, what, "server_error", "", ""});
+  });
+  svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - t_request_start)
+                          .count();
+    DS_LOG_INFO("{}:{} \"{} {}\" {} {:.1f} ms", req.remote_addr, req.remote_port, req.method,
+                req.path, res.status, ms);
+  });
+
+  // POST handlers: JSON body -> Reply -> JSON or an event stream.
+  auto post = [&svr](const char* path, std::function<Reply(const json&)> handle) {
+    svr.Post(path, [handle](const httplib::Request& req, httplib::Response& res) {
+      if (json_too_deep(req.body)) {
+        return send_error(res, ApiError::bad_request("the JSON body is nested too deeply"));
+      }
+      json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+      if (body.is_discarded()) {
+        return send_error(res, ApiError::bad_request("the request body is not valid JSON"));
+      }
+      Reply reply = handle(body);
+      if (!reply.stream) return send_json(res, reply.status, reply.body);
+      std::shared_ptr<EventStream> stream = reply.stream;
+      res.status = 200;
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [stream](size_t, httplib::DataSink& sink) {
+            std::string events = stream->next(std::chrono::milliseconds(1000));
+            // An SSE comment while idle (e.g. queued): a gone client shows up as a
+            // failed write here rather than only when its first token comes.
+            if (events.empty()) events = ": keep-alive\n\n";
+            if (!sink.write(events.data(), events.size())) {
+              stream->cancel();
+              return false;
+            }
+            if (stream->done()) sink.done();
+            return true;
+          },
+          [stream](bool) {
+            if (!stream->done()) stream->cancel();
+          });
+    });
+  };
+  post("/v1/completions", [&serving](const json& b) { return serving.completions(b); });
+  post("/v1/chat/completions", [&serving](const json& b) { return serving.chat_completions(b); });
+  post("/tokenize", [&serving](const json& b) { return serving.tokenize(b); });
+  post("/detokenize", [&serving](const json& b) { return serving.detokenize(b); });
+
+  svr.Get("/v1/models", [&serving](const httplib::Request&, httplib::Response& res) {
+    Reply r = serving.models();
+    send_json(res, r.status, r.body);
+  });
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content("", "text/plain");
+  });
+  svr.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", kVersion}});
+  });
+  svr.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content(metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  host_ = config.host;
+  port_ = config.port;
+}
+
+HttpServer::~HttpServer() = default;
+
+Status HttpServer::run() {
+  if (!impl_->svr.bind_to_port(host_, port_)) {
+    return io_error("cannot listen on " + host_ + ":" + std::to_string(port_) +
+                    " (address in use, or not an address of this machine)");
+  }
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
+  DS_LOG_INFO("serving the OpenAI API on http://{}:{}", host_, port_);
+  if (!impl_->svr.listen_after_bind()) return io_error("the HTTP server stopped with an error");
+  return Status::Ok();
+}
+
+void HttpServer::stop() { impl_->svr.stop(); }
+
+}  // namespace dserve::server

@@ -1,0 +1,350 @@
+#include "server/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+namespace dserve::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// Reads optional fields of one JSON object; the first problem is kept in error().
+// A JSON null means "not given", as the OpenAI SDK sends it.
+class FieldReader {
+ public:
+  explicit FieldReader(const json& body) : body_(body) {}
+
+  bool ok() const { return !error_; }
+  const ApiError& error() const { return *error_; }
+  void fail(std::string message, std::string param, std::string code = "") {
+    if (!error_) error_ = ApiError::bad_request(std::move(message), std::move(param), std::move(code));
+  }
+
+  const json* get(const char* name) const {
+    auto it = body_.find(name);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  void number(const char* name, float* out) {
+    const json* v = get(name);
+    if (!v) return;
+    if (!v->is_number()) return fail(std::string(name) + " must be a number", name);
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) return fail(std::string(name) + " must be finite", name);
+    *out = static_cast<float>(d);
+  }
+  template <typename Int>
+  void integer(const char* name, Int* out) {
+    const json* v = get(name);
+    if (!v) return;
+    // 3.0 is accepted as 3 (Python clients may send floats); 3.5 is not.
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (d != std::floor(d)) return fail(std::string(name) + " must be an integer", name);
+    } else if (!v->is_number_integer()) {
+      return fail(std::string(name) + " must be an integer", name);
+    }
+    const double d = v->get<double>();
+    if (d < static_cast<double>(std::numeric_limits<Int>::min()) ||
+        d > static_cast<double>(std::numeric_limits<Int>::max())) {
+      return fail(std::string(name) + " is out of range", name);
+    }
+    *out = v->is_number_unsigned() ? static_cast<Int>(v->get<uint64_t>())
+           : v->is_number_integer() ? static_cast<Int>(v->get<int64_t>())
+                                    : static_cast<Int>(d);
+  }
+  template <typename Int>
+  void integer(const char* name, std::optional<Int>* out) {
+    if (!get(name)) return;
+    Int v{};
+    integer(name, &v);
+    if (ok()) *out = v;
+  }
+  void boolean(const char* name, bool* out) {
+    const json* v = get(name);
+    if (!v) return;
+    if (!v->is_boolean()) return fail(std::string(name) + " must be a boolean", name);
+    *out = v->get<bool>();
+  }
+  void string(const char* name, std::string* out) {
+    const json* v = get(name);
+    if (!v) return;
+    if (!v->is_string()) return fail(std::string(name) + " must be a string", name);
+    *out = v->get<std::string>();
+  }
+
+  // Rejects every field not in `known`, as OpenAI does.
+  void only(const std::set<std::string>& known) {
+    for (auto it = body_.begin(); it != body_.end(); ++it) {
+      if (known.count(it.key()) == 0) {
+        return fail("Unrecognized request argument supplied: " + it.key(), it.key(),
+                    "unknown_parameter");
+      }
+    }
+  }
+
+ private:
+  const json& body_;
+  std::optional<ApiError> error_;
+};
+
+const std::set<std::string> kCommonFields = {
+    "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+    "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed", "top_k", "min_p",
+    "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+    "include_stop_str_in_output", "skip_special_tokens", "add_special_tokens", "logprobs"};
+
+// The fields both endpoints share, into `r`.
+void read_common(FieldReader& f, const json& body, GenerationRequest& r) {
+  f.string("model", &r.model);
+  SamplingOptions& s = r.sampling;
+  f.integer("n", &s.n);
+  if (f.ok() && (s.n < 1 || s.n > kMaxChoices)) {
+    f.fail("n must be between 1 and " + std::to_string(kMaxChoices) + ", got " +
+               std::to_string(s.n),
+           "n");
+  }
+  f.number("temperature", &s.temperature);
+  f.number("top_p", &s.top_p);
+  f.integer("top_k", &s.top_k);
+  f.number("min_p", &s.min_p);
+  f.number("presence_penalty", &s.presence_penalty);
+  f.number("frequency_penalty", &s.frequency_penalty);
+  f.number("repetition_penalty", &s.repetition_penalty);
+  std::optional<int64_t> seed;
+  f.integer("seed", &seed);
+  if (seed) s.seed = static_cast<uint64_t>(*seed);
+  f.integer("min_tokens", &s.min_tokens);
+  f.boolean("ignore_eos", &s.ignore_eos);
+  f.boolean("include_stop_str_in_output", &s.include_stop_str_in_output);
+  f.boolean("skip_special_tokens", &r.skip_special_tokens);
+  f.boolean("stream", &r.stream);
+  if (const json* so = f.get("stream_options")) {
+    if (!so->is_object()) {
+      f.fail("stream_options must be an object", "stream_options");
+    } else {
+      FieldReader sf(*so);
+      sf.boolean("include_usage", &r.include_usage);
+      bool continuous = false;
+      sf.boolean("continuous_usage_stats", &continuous);
+      sf.only({"include_usage", "continuous_usage_stats"});
+      if (!sf.ok()) f.fail("stream_options: " + sf.error().message, "stream_options");
+      if (!r.stream) f.fail("stream_options is only allowed with stream=true", "stream_options");
+    }
+  }
+  if (const json* stop = f.get("stop")) {
+    if (stop->is_string()) {
+      if (!stop->get<std::string>().empty()) s.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& x : *stop) {
+        if (!x.is_string()) return f.fail("stop must be a string or a list of strings", "stop");
+        if (!x.get<std::string>().empty()) s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return f.fail("stop must be a string or a list of strings", "stop");
+    }
+  }
+  if (const json* ids = f.get("stop_token_ids")) {
+    if (!ids->is_array()) return f.fail("stop_token_ids must be a list of integers", "stop_token_ids");
+    for (const json& x : *ids) {
+      if (!x.is_number_integer())
+        return f.fail("stop_token_ids must be a list of integers", "stop_token_ids");
+      s.stop_token_ids.push_back(x.get<int32_t>());
+    }
+  }
+  if (const json* bias = f.get("logit_bias"); bias && !bias->empty()) {
+    f.fail("logit_bias is not supported", "logit_bias", "unsupported");
+  }
+  (void)body;
+}
+
+// max_tokens / max_completion_tokens must be >= 1 when given.
+void read_max_tokens(FieldReader& f, const char* name, std::optional<int>* out) {
+  f.integer(name, out);
+  if (f.ok() && *out && **out < 1) {
+    f.fail(std::string(name) + " must be at least 1, got " + std::to_string(**out), name);
+  }
+}
+
+// Sampling ranges are SamplingParams' (one definition of what is valid).
+void check_sampling(FieldReader& f, const GenerationRequest& r) {
+  if (!f.ok()) return;
+  SamplingOptions probe = r.sampling;
+  probe.max_tokens = r.max_tokens.value_or(std::max(1, probe.min_tokens));
+  Result<SamplingParams> p = SamplingParams::create(probe);
+  if (!p.ok()) f.fail(p.status().message(), "");
+}
+
+// Token ids of a prompt given as a list of integers.
+bool read_ids(const json& v, std::vector<int32_t>* out) {
+  for (const json& x : v) {
+    if (!x.is_number_integer()) return false;
+    const int64_t id = x.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) return false;
+    out->push_back(static_cast<int32_t>(id));
+  }
+  return true;
+}
+
+}  // namespace
+
+Parsed<CompletionRequest> parse_completion_request(const json& body) {
+  if (!body.is_object()) return ApiError::bad_request("the request body must be a JSON object");
+  CompletionRequest r;
+  FieldReader f(body);
+  std::set<std::string> known = kCommonFields;
+  known.insert({"prompt", "echo", "best_of", "suffix"});
+  f.only(known);
+  read_common(f, body, r);
+  read_max_tokens(f, "max_tokens", &r.max_tokens);
+  f.boolean("echo", &r.echo);
+  f.boolean("add_special_tokens", &r.add_special_tokens);
+  std::optional<int> logprobs;
+  f.integer("logprobs", &logprobs);
+  if (f.ok() && logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs)) {
+    f.fail("logprobs must be between 0 and " + std::to_string(kMaxLogprobs), "logprobs");
+  }
+  r.sampling.logprobs = logprobs;
+  std::optional<int> best_of;
+  f.integer("best_of", &best_of);
+  if (f.ok() && best_of && *best_of != r.sampling.n) {
+    f.fail("best_of other than n is not supported", "best_of", "unsupported");
+  }
+  if (const json* suffix = f.get("suffix"); f.ok() && suffix) {
+    f.fail("suffix is not supported", "suffix", "unsupported");
+  }
+  const json* prompt = f.get("prompt");
+  if (f.ok()) {
+    const char* what = "prompt must be a string, a list of strings, a list of token ids or a "
+                       "list of lists of token ids";
+    if (!prompt) {
+      f.fail("prompt is required", "prompt");
+    } else if (prompt->is_string()) {
+      r.prompts.push_back({prompt->get<std::string>(), {}});
+    } else if (prompt->is_array() && !prompt->empty()) {
+      if ((*prompt)[0].is_number_integer()) {
+        CompletionRequest::Prompt p;
+        if (!read_ids(*prompt, &p.ids)) f.fail(what, "prompt");
+        r.prompts.push_back(std::move(p));
+      } else {
+        for (const json& x : *prompt) {
+          CompletionRequest::Prompt p;
+          if (x.is_string()) {
+            p.text = x.get<std::string>();
+          } else if (!x.is_array() || x.empty() || !read_ids(x, &p.ids)) {
+            f.fail(what, "prompt");
+            break;
+          }
+          r.prompts.push_back(std::move(p));
+        }
+      }
+    } else {
+      f.fail(what, "prompt");
+    }
+    if (f.ok() && r.prompts.size() * static_cast<size_t>(r.sampling.n) > kMaxChoices) {
+      f.fail("prompts x n must be at most " + std::to_string(kMaxChoices), "prompt");
+    }
+  }
+  check_sampling(f, r);
+  if (!f.ok()) return f.error();
+  return r;
+}
+
+Parsed<ChatRequest> parse_chat_request(const json& body) {
+  if (!body.is_object()) return ApiError::bad_request("the request body must be a JSON object");
+  ChatRequest r;
+  FieldReader f(body);
+  std::set<std::string> known = kCommonFields;
+  known.insert({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                "parallel_tool_calls", "response_format", "store", "metadata", "service_tier",
+                "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                "documents"});
+  f.only(known);
+  read_common(f, body, r);
+  read_max_tokens(f, "max_tokens", &r.max_tokens);
+  std::optional<int> max_completion;
+  read_max_tokens(f, "max_completion_tokens", &max_completion);
+  if (max_completion) r.max_tokens = max_completion;
+  f.boolean("logprobs", &r.logprobs);
+  std::optional<int> top;
+  f.integer("top_logprobs", &top);
+  if (f.ok() && top) {
+    if (*top < 0 || *top > kMaxLogprobs) {
+      f.fail("top_logprobs must be between 0 and " + std::to_string(kMaxLogprobs), "top_logprobs");
+    } else if (!r.logprobs) {
+      f.fail("top_logprobs requires logprobs=true", "top_logprobs");
+    }
+  }
+  if (r.logprobs) r.sampling.logprobs = top.value_or(0);
+  f.boolean("add_generation_prompt", &r.add_generation_prompt);
+  f.boolean("continue_final_message", &r.continue_final_message);
+  f.boolean("add_special_tokens", &r.add_special_tokens);
+  if (f.ok() && r.add_generation_prompt && r.continue_final_message) {
+    f.fail("add_generation_prompt and continue_final_message cannot both be true",
+           "continue_final_message");
+  }
+  if (const json* rf = f.get("response_format"); f.ok() && rf) {
+    if (!rf->is_object() || rf->value("type", "") != "text") {
+      f.fail("response_format other than {\"type\": \"text\"} is not supported",
+             "response_format", "unsupported");
+    }
+  }
+  if (const json* tc = f.get("tool_choice"); f.ok() && tc) {
+    if (!tc->is_string() || (*tc != "none" && *tc != "auto")) {
+      f.fail("tool_choice other than \"none\" or \"auto\" is not supported", "tool_choice",
+             "unsupported");
+    }
+  }
+  if (const json* tools = f.get("tools"); f.ok() && tools) {
+    if (!tools->is_array()) f.fail("tools must be a list", "tools");
+    else r.template_kwargs["tools"] = *tools;
+  }
+  if (const json* docs = f.get("documents"); f.ok() && docs) r.template_kwargs["documents"] = *docs;
+  if (const json* kw = f.get("chat_template_kwargs"); f.ok() && kw) {
+    if (!kw->is_object()) {
+      f.fail("chat_template_kwargs must be an object", "chat_template_kwargs");
+    } else {
+      for (auto it = kw->begin(); it != kw->end(); ++it) r.template_kwargs[it.key()] = it.value();
+    }
+  }
+  const json* messages = f.get("messages");
+  if (f.ok()) {
+    if (!messages || !messages->is_array()) {
+      f.fail("messages must be a list of messages", "messages");
+    } else if (messages->empty()) {
+      f.fail("messages must not be empty", "messages");
+    } else {
+      for (size_t i = 0; i < messages->size() && f.ok(); ++i) {
+        const json& m = (*messages)[i];
+        const std::string where = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object()) {
+          f.fail(where + " must be an object", "messages");
+        } else if (!m.contains("role") || !m["role"].is_string()) {
+          f.fail(where + ".role must be a string", "messages");
+        } else if (m.contains("content") && !m["content"].is_null() &&
+                   !m["content"].is_string() && !m["content"].is_array()) {
+          f.fail(where + ".content must be a string or a list of content parts", "messages");
+        } else if (m.contains("content") && m["content"].is_array()) {
+          for (const json& part : m["content"]) {
+            if (!part.is_object() || part.value("type", "") != "text" ||
+                !part.contains("text") || !part["text"].is_string()) {
+              f.fail(where + ".content: only text parts ({\"type\": \"text\", \"text\": ...}) "
+                             "are supported",
+                     "messages");
+              break;
+            }
+          }
+        }
+      }
+      r.messages = *messages;
+    }
+  }
+  check_sampling(f, r);
+  if (!f.ok()) return f.error();
+  return r;
+}
+
+}  // namespace dserve::server

@@ -1,0 +1,42 @@
+// ReasoningParser: splits DeepSeek-R1's output into reasoning and answer, as vLLM's
+// `--reasoning-parser deepseek_r1` does. R1 thinks between <think> and </think>; its
+// chat template already opens <think> in the prompt, so the output usually starts
+// inside the reasoning and only closes it. Everything before </think> is reasoning
+// (a leading <think> is dropped), everything after it is the answer. Output that never
+// closes the tag is all reasoning.
+//
+// Streaming: add() takes text pieces as they are decoded and returns what is final
+// in each part; a suffix that may be the start of a tag is held back until the next
+// piece decides it, so a tag split across tokens never leaks into either part.
+//
+// Thread-safety: not thread-safe; one per choice.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dserve::server {
+
+class ReasoningParser {
+ public:
+  struct Delta {
+    std::string reasoning;
+    std::string content;
+  };
+
+  Delta add(std::string_view piece);
+  // At the end of the output: whatever was held back.
+  Delta flush();
+
+  // A whole output at once (non-streamed responses).
+  static Delta split(std::string_view text);
+
+ private:
+  Delta emit(std::string text);
+
+  bool in_content_ = false;  // </think> seen
+  bool at_start_ = true;     // nothing emitted yet: a leading <think> is dropped
+  std::string held_;         // text not yet decided
+};
+
+}  // namespace dserve::server

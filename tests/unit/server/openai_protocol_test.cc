@@ -1,0 +1,101 @@
+// Request parsing: every field accepts its documented types, and any other JSON value
+// in any field gives one ApiError (never a crash, never a silent default).
+#include "server/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace dserve::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const std::vector<json> kOddValues = {
+    nullptr, true, -1, 0, 1e300, -1e300, 3.5, "", "x", json::array(), json::array({1, "a"}),
+    json::object(), json::object({{"a", 1}}), 1e9, -2147483649.0, 18446744073709551615ull};
+
+TEST(OpenAiProtocol, ValidRequestsParse) {
+  auto c = parse_completion_request({{"model", "m"}, {"prompt", "hi"}, {"max_tokens", 5},
+                                     {"temperature", 0.5}, {"n", 2}, {"stop", "x"},
+                                     {"logprobs", 2}, {"seed", 3}});
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(c));
+  const auto& r = std::get<CompletionRequest>(c);
+  EXPECT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_EQ(r.sampling.n, 2);
+  EXPECT_EQ(r.sampling.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(r.sampling.logprobs, 2);
+  auto ids = parse_completion_request({{"prompt", {{1, 2}, {3}}}});
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(ids));
+  EXPECT_EQ(std::get<CompletionRequest>(ids).prompts.size(), 2u);
+
+  auto chat = parse_chat_request(
+      {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_completion_tokens", 7},
+       {"logprobs", true}, {"top_logprobs", 3}, {"stream", true},
+       {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(std::holds_alternative<ChatRequest>(chat));
+  const auto& cr = std::get<ChatRequest>(chat);
+  EXPECT_EQ(cr.max_tokens, 7);
+  EXPECT_EQ(cr.sampling.logprobs, 3);
+  EXPECT_TRUE(cr.include_usage);
+}
+
+TEST(OpenAiProtocol, EveryFieldRejectsOrAcceptsEveryValueWithoutCrashing) {
+  const json completion = {{"model", "m"}, {"prompt", "hi"}, {"max_tokens", 5}};
+  const json chat = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  const std::vector<std::string> fields = {
+      "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+      "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop", "seed", "logprobs",
+      "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty",
+      "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "best_of", "suffix", "tools",
+      "tool_choice", "response_format", "chat_template_kwargs", "unknown_field"};
+  int n_errors = 0;
+  for (const std::string& f : fields) {
+    for (const json& v : kOddValues) {
+      json a = completion, b = chat;
+      a[f] = v;
+      b[f] = v;
+      auto ra = parse_completion_request(a);
+      auto rb = parse_chat_request(b);
+      for (const ApiError* e : {std::get_if<ApiError>(&ra), std::get_if<ApiError>(&rb)}) {
+        if (!e) continue;
+        ++n_errors;
+        EXPECT_EQ(e->http_status, 400);
+        EXPECT_FALSE(e->message.empty());
+      }
+    }
+  }
+  EXPECT_GT(n_errors, 300);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parse_completion_request(json::array())));
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parse_chat_request("text")));
+}
+
+TEST(OpenAiProtocol, BadValuesNameTheirField) {
+  struct Case {
+    json body;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {{{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens"},
+      {{{"prompt", "x"}, {"n", 0}}, "n"},
+      {{{"prompt", "x"}, {"n", 100000}}, "n"},
+      {{{"prompt", "x"}, {"temperature", "hot"}}, "temperature"},
+      {{{"prompt", "x"}, {"logit_bias", {{"1", 2}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"frobnicate", 1}}, "frobnicate"},
+      {{{"prompt", json::array()}}, "prompt"},
+      {{{"prompt", {1, -5}}}, "prompt"},
+  };
+  for (const Case& c : cases) {
+    auto r = parse_completion_request(c.body);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << c.body;
+    EXPECT_EQ(std::get<ApiError>(r).param, c.param) << c.body;
+  }
+  auto empty = parse_chat_request({{"messages", json::array()}});
+  ASSERT_TRUE(std::holds_alternative<ApiError>(empty));
+  EXPECT_EQ(std::get<ApiError>(empty).param, "messages");
+}
+
+}  // namespace
+}  // namespace dserve::server
