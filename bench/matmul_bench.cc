@@ -1,9 +1,11 @@
 // Matmul micro-benchmarks at SmolLM2-135M shapes, per weight type, for decode
-// (1 token: reports the weight bandwidth, "bytes_per_second") and prefill (64 tokens:
-// also "GMAC/s").
+// (1 token: reports the weight bandwidth, "bytes_per_second"), batched decode (8 and
+// 32 tokens, as one serving step of that many requests) and prefill (64 tokens); all
+// report "GMAC/s".
 //
 // Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
-// DSERVE_BENCH_THREADS (default: all cores).
+// DSERVE_BENCH_THREADS (default: all cores), DSERVE_BENCH_TOKENS (comma-separated
+// token counts; default 1,8,32,64).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -80,12 +82,26 @@ void bm_matmul(benchmark::State& state, DType t, Shape shape, int64_t n_tokens) 
 
 int main(int argc, char** argv) {
   using namespace dserve;
-  for (int64_t n_tokens : {1, 64}) {
+  std::vector<int64_t> token_counts = {1, 8, 32, 64};
+  if (const char* list = std::getenv("DSERVE_BENCH_TOKENS")) {
+    token_counts.clear();
+    for (const char* p = list; *p != '\0';) {
+      char* end = nullptr;
+      const long v = std::strtol(p, &end, 10);
+      if (end == p) break;
+      if (v > 0) token_counts.push_back(v);
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
+  for (int64_t n_tokens : token_counts) {
     for (DType t : kTypes) {
       for (const Shape& s : kShapes) {
         // K-quant rows are whole 256-blocks: only n_in = 1536 qualifies at these shapes.
         if (s.n_in % dtype_info(t).block_size != 0) continue;
-        std::string name = std::string(n_tokens == 1 ? "decode/" : "prefill64/") +
+        const std::string kind = n_tokens == 1    ? "decode/"
+                                 : n_tokens == 64 ? "prefill64/"
+                                                  : "batch" + std::to_string(n_tokens) + "/";
+        std::string name = kind +
                            std::string(dtype_name(t)) + "/" + s.name;
         benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, s, n_tokens)
             ->Unit(benchmark::kMicrosecond)

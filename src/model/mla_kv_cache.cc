@@ -26,6 +26,10 @@ PagedMlaCache::PagedMlaCache(const DeepseekConfig& config, int n_blocks, int blo
   bytes_ = static_cast<size_t>(n_layers_) * n_slots() * row_dim_ * sizeof(float);
   data_ = static_cast<float*>(alloc_huge(bytes_));
   DS_CHECK_MSG(data_ != nullptr, "cannot allocate %zu bytes of paged MLA cache", bytes_);
+  // Touch every page now, at start-up, as a GPU engine's cache is resident from the
+  // start: otherwise the kernel zeroes pages inside engine steps as blocks are first
+  // used (~8% of a 32-request decode step, measured with perf).
+  std::memset(data_, 0, bytes_);
 }
 
 PagedMlaCache::~PagedMlaCache() { free_huge(data_, bytes_); }

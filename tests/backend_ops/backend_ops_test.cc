@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/kernels.h"
 #include "tensor/dequantize.h"
 #include "tensor/half.h"
 #include "tensor/quant_blocks.h"
@@ -245,9 +246,86 @@ TEST_P(BackendOpsTest, MatmulKQuantised) {
   }
 }
 
+TEST_P(BackendOpsTest, MatmulBatchedEdges) {
+  // Levels with batched kernels (kernels.h: matmul_batched) tile 16 rows x 12 tokens
+  // and take up to 240 tokens per call: row and token counts on both sides of those
+  // edges, one token (the per-row path) and two (the smallest batched call).
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    for (int64_t n : {1, 15, 16, 17, 33}) {
+      for (int64_t n_tokens : {1, 2, 5, 11, 12, 13, 24, 31}) {
+        check_matmul(*backend_, t, n, 96, n_tokens, false, rng_);
+      }
+    }
+    check_matmul(*backend_, t, 19, 576, 241, true, rng_);
+    check_matmul(*backend_, t, 40, 1536, 1, false, rng_);
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulIsBatchInvariant) {
+  // The engine needs a token's result bit-for-bit the same alone and in any batch
+  // (a request gives the same tokens alone and among others): each token of a
+  // batched call against the same token in a call of its own.
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const int64_t n = 37, k = 256, n_tokens = 29;
+    std::vector<uint8_t> wbytes = random_weights(t, n, k, rng_);
+    TensorView w{t, {n, k}, wbytes.data(), wbytes.size()};
+    std::vector<float> x = random_floats(n_tokens * k, rng_);
+    std::vector<float> y(n_tokens * n), y1(n);
+    backend_->matmul(w, nullptr, x.data(), n_tokens, y.data());
+    for (int64_t tok = 0; tok < n_tokens; ++tok) {
+      backend_->matmul(w, nullptr, x.data() + tok * k, 1, y1.data());
+      ASSERT_EQ(std::memcmp(y1.data(), y.data() + tok * n, n * sizeof(float)), 0)
+          << "token " << tok;
+    }
+  }
+}
+
+TEST(CpuKernelsTest, BatchedMatmulEqualsPerRowKernels) {
+  // A level's batched kernels must give its per-row kernels' results bit for bit
+  // (kernels_avx512_gemm.h): block counts with and without tail blocks, token counts
+  // around the tile width, rows around the panel height.
+  std::mt19937 rng(99);
+  for (CpuIsa isa : cpu::supported_isas()) {
+    const cpu::KernelTable& kt = cpu::kernels_for(isa);
+    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+      if (kt.matmul_batched[static_cast<int>(t)] == nullptr) continue;
+      for (int64_t k : {96, 256, 576, 1536}) {
+        for (int64_t n_tokens : {1, 3, 12, 13}) {
+          SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(dtype_name(t)) +
+                       " k=" + std::to_string(k) + " tokens=" + std::to_string(n_tokens));
+          const int64_t n = 21;
+          std::vector<uint8_t> w = random_weights(t, n, k, rng);
+          std::vector<float> x = random_floats(n_tokens * k, rng);
+          const int64_t x_stride = cpu::act_row_bytes(cpu::ActFormat::kQ8x32, k);
+          std::vector<uint8_t> rows(x_stride * n_tokens);
+          std::vector<uint8_t> tiles(
+              cpu::q8x32_tiles_bytes(k, n_tokens, kt.matmul_batched_tile));
+          for (int64_t i = 0; i < n_tokens; ++i) {
+            kt.quantize_q8x32(x.data() + i * k, k, rows.data() + i * x_stride);
+            cpu::q8x32_copy_to_tiles(rows.data() + i * x_stride, k, i, kt.matmul_batched_tile,
+                                     tiles.data());
+          }
+          const size_t w_stride = dtype_bytes(t, k);
+          std::vector<float> want(n_tokens * n), got(n_tokens * n);
+          kt.matmul[static_cast<int>(t)](w.data(), w_stride, rows.data(), x_stride, k, n,
+                                         n_tokens, want.data(), n);
+          std::vector<uint8_t> scratch(cpu::matmul_batched_scratch_bytes(k) + 64);
+          uint8_t* aligned = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64);
+          kt.matmul_batched[static_cast<int>(t)](w.data(), w_stride, tiles.data(), k, n, n_tokens,
+                                                 got.data(), n, aligned);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_P(BackendOpsTest, MatmulManyRows) {
   // More rows than one task takes, so the split over the pool is exercised.
+  check_matmul(*backend_, DType::kQ4_1, 1000, 64, 1, false, rng_);
   check_matmul(*backend_, DType::kQ4_1, 1000, 64, 2, false, rng_);
+  check_matmul(*backend_, DType::kQ8_0, 1000, 64, 29, false, rng_);
   check_matmul(*backend_, DType::kF32, 1000, 40, 3, false, rng_);
 }
 

@@ -57,6 +57,7 @@ class CpuBackend final : public Backend {
   std::string name_;
   ThreadPool pool_;
   ScratchBuffer act_;                       // quantised activations of one matmul
+  ScratchBuffer act_tiles_;                 // the same in tiles, for batched kernels
   ScratchBuffer param_;                     // float copies of norm weights / biases
   std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
 

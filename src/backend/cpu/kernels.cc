@@ -1,5 +1,6 @@
 #include "backend/cpu/kernels.h"
 
+#include <cstring>
 #include <string>
 
 #include "base/check.h"
@@ -25,6 +26,26 @@ ActFormat act_format_for(DType weight) {
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(weight));
   return ActFormat::kF32;
+}
+
+void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile, uint8_t* tiles) {
+  const Q8x32Row r = q8x32_row(row, k);
+  const int64_t nb = k / 32;
+  const int64_t block_bytes = q8x32_tile_block_bytes(tile);
+  uint8_t* base = tiles + t / tile * nb * block_bytes;
+  const int64_t j = t % tile;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = base + b * block_bytes;
+    const int8_t* qs = r.qs + 32 * b;
+    for (int64_t g = 0; g < 8; ++g) std::memcpy(blk + 4 * (g * tile + j), qs + 4 * g, 4);
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) sum += qs[i];
+    const int32_t off[2] = {-8 * sum, -128 * sum};
+    std::memcpy(blk + 4 * (8 * tile + j), r.d + b, 4);
+    std::memcpy(blk + 4 * (9 * tile + j), r.s + b, 4);
+    std::memcpy(blk + 4 * (10 * tile + j), &off[0], 4);
+    std::memcpy(blk + 4 * (11 * tile + j), &off[1], 4);
+  }
 }
 
 const KernelTable& kernels_for(CpuIsa isa) {

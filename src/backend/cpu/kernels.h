@@ -75,6 +75,33 @@ using MatmulTileFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* 
                               size_t x_stride, int64_t k, int64_t n_rows, int64_t n_tokens,
                               float* y, int64_t y_stride);
 
+// Activations for the batched kernels (GEMM-shaped: many tokens per call), Q8x32 rows
+// regrouped into tiles of T tokens so that one tile's values for a block sit together:
+// tile i holds tokens [T i, T i + T) and, per 32-block b, q8x32_tile_block_bytes(T) =
+// 48 T bytes:
+//   int8 qs[8][T][4]   (the 4 values of group g of token t at [g][t])
+//   float d[T], s[T]   (as in the Q8x32 row)
+//   int32 off8[T], off128[T]   (-8 and -128 times the block's sum of qs)
+// Slots past the last token of the final tile are not read.
+static constexpr int64_t q8x32_tile_block_bytes(int64_t tile) { return 48 * tile; }
+static constexpr int64_t q8x32_tiles_bytes(int64_t k, int64_t n_tokens, int64_t tile) {
+  return (n_tokens + tile - 1) / tile * (k / 32) * q8x32_tile_block_bytes(tile);
+}
+// Copies token t's Q8x32 row (act_row_bytes(kQ8x32, k) bytes at `row`) into `tiles`.
+void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile, uint8_t* tiles);
+
+// y[t * y_stride + r] = dot(row r of w, token t) for r < n_rows, t < n_tokens, with
+// the activations in tiles as above (tile width KernelTable::matmul_batched_tile).
+// May repack weight rows into `scratch`: matmul_batched_scratch_bytes(k) bytes,
+// 64-byte aligned, owned by the calling thread.
+using MatmulBatchFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* x_tiles,
+                               int64_t k, int64_t n_rows, int64_t n_tokens, float* y,
+                               int64_t y_stride, uint8_t* scratch);
+
+// Scratch of a MatmulBatchFn: one 16-row panel of k weights as bytes plus two floats
+// per row and 32-element block (kernels_avx512_gemm.h).
+static constexpr int64_t matmul_batched_scratch_bytes(int64_t k) { return (k / 32) * 640; }
+
 inline constexpr int kNumDTypes = 9;
 
 // One step of online-softmax attention (paged_attention.cc): n_q queries that share
@@ -105,6 +132,12 @@ struct KernelTable {
   void (*quantize_q8x32)(const float* x, int64_t k, uint8_t* out);
   void (*quantize_q8x256)(const float* x, int64_t k, uint8_t* out);
   MatmulTileFn matmul[kNumDTypes];  // indexed by DType
+  // Optional faster kernels for n_tokens >= matmul_batched_min_tokens, for weight
+  // types whose ActFormat is kQ8x32; null where a level has none for a type (then
+  // matmul[] serves every token count).
+  MatmulBatchFn matmul_batched[kNumDTypes];
+  int64_t matmul_batched_min_tokens;
+  int64_t matmul_batched_tile;  // tokens per activation tile
 
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x

@@ -2,11 +2,17 @@
 // (src/backend/CMakeLists.txt). Only called after run-time detection says the CPU
 // supports them.
 #include "backend/cpu/kernels_x86_impl.h"
+// AVX-512-only batched matmul kernels, added to the shared table below.
+#include "backend/cpu/kernels_avx512_gemm.h"
 
 namespace dserve::cpu {
 
 const KernelTable& kernels_avx512() {
-  static const KernelTable table = make_x86_table(CpuIsa::kAvx512);
+  static const KernelTable table = [] {
+    KernelTable t = make_x86_table(CpuIsa::kAvx512);
+    add_avx512_batched(t);
+    return t;
+  }();
   return table;
 }
 

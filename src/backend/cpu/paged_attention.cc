@@ -275,6 +275,11 @@ void CpuBackend::paged_attention(const float* q, const float* k_pool, const floa
       float* scratch = per_thread_[thread].get_as<float>(2 * state_floats + kKeyStep);
       const SoftmaxState total = SoftmaxState::at(scratch, v_dim);
       const SoftmaxState part = SoftmaxState::at(scratch + state_floats, v_dim);
+      if (tile.max_ctx <= kSplitKeys) {  // one split: folding it into a cleared state
+        run_split(tile, 0, total, scratch + 2 * state_floats);  // would copy it exactly
+        finish(tile, total);
+        return;
+      }
       total.clear(n_q);
       for (int64_t sp = 0; sp * kSplitKeys < tile.max_ctx; ++sp) {
         run_split(tile, sp, part, scratch + 2 * state_floats);

@@ -1,0 +1,378 @@
+// Batched (GEMM-shaped) matmul for the 32-element block types Q8_0 / Q4_0 / Q4_1 on
+// AVX-512 VNNI: MatmulBatchFn in kernels.h. Included only by kernels_avx512.cc, after
+// kernels_x86_impl.h.
+//
+// The per-row kernels (Q32Kernel in kernels_x86_impl.h) give each weight row its own
+// vector and pay a horizontal reduction per 8 blocks and token. Here one 512-bit
+// register holds 4 consecutive weights of each of 16 rows (lane p <-> row
+// kPanelRow(p)), so one vpdpbusd with a token's 4 activations broadcast from memory
+// does 16 rows x 4 k of useful work with nothing to reduce, and a tile of 16 rows x
+// up to 12 tokens loads each weight vector once for all its tokens.
+//
+// For that the 16 rows ("a panel") are transposed block by block (PanelReader): 8
+// vectors of unsigned weight bytes u (group g holds elements 4g..4g+3), the row
+// scales d, and for Q4_1 the row minima m:
+//   Q4_1: u = nibble,   w = d u + m
+//   Q4_0: u = nibble,   w = d (u - 8)     integer dot = sum(u q) - 8 sum(q)
+//   Q8_0: u = q + 128,  w = d (u - 128)   integer dot = sum(u q) - 128 sum(q)
+// where q are the token's int8 activations (kernels.h), whose per-block sums the
+// activation tiles carry, so each block's integer dot is exactly the per-row
+// kernels' one.
+//
+// Same results as the per-row kernels, bit for bit: a lane does the float operations
+// Q32Kernel does for its row, in the same order (its 8 block-lane accumulators, the
+// tail blocks' per-group partials, the final reduction tree). So a token's result
+// does not depend on the kernel, the batch or the tile it lands in (the engine's batch
+// invariance), and the model's outputs are unchanged. The cost is 8 accumulators per
+// row and token instead of one, kept in memory between block chains.
+//
+// A panel is repacked once per call (and token block) into per-thread scratch and
+// reused for every token; a single token (decode) takes the transposed vectors
+// straight from the reader instead.
+#pragma once
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
+#error "kernels_avx512_gemm.h needs -mavx512f -mavx512bw -mavx512vnni"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "tensor/quant_blocks.h"
+
+namespace dserve::cpu {
+namespace {
+
+constexpr int kPanelRows = 16;
+// Tokens per tile: NT int32 block sums plus NT float accumulators stay in registers.
+constexpr int kPanelTokens = 12;
+
+// Row of the panel that vector lane p holds. The repack's 4x4 transposes leave rows
+// in this order; it is its own inverse, so the same map puts results back in order.
+constexpr int kPanelRow(int p) { return 4 * (p % 4) + p / 4; }
+
+inline __m512i panel_row_index() {
+  return _mm512_setr_epi32(kPanelRow(0), kPanelRow(1), kPanelRow(2), kPanelRow(3),
+                           kPanelRow(4), kPanelRow(5), kPanelRow(6), kPanelRow(7),
+                           kPanelRow(8), kPanelRow(9), kPanelRow(10), kPanelRow(11),
+                           kPanelRow(12), kPanelRow(13), kPanelRow(14), kPanelRow(15));
+}
+
+// Weight-block traits. kQsOffset: bytes from the block start to qs; the block's first
+// 32-bit word holds the f16 d (low half) and, for Q4_1, the f16 m. kOffsetIndex: which
+// of the tile's per-block offset sums (kernels.h) makes the integer dot signed.
+struct PanelQ8_0 {
+  using Block = block_q8_0;
+  static constexpr int kQsOffset = 2;
+  static constexpr bool kNibbles = false;
+  static constexpr bool kHasMin = false;
+  static constexpr int kOffsetIndex = 1;  // -128 sum(q)
+};
+struct PanelQ4_0 {
+  using Block = block_q4_0;
+  static constexpr int kQsOffset = 2;
+  static constexpr bool kNibbles = true;
+  static constexpr bool kHasMin = false;
+  static constexpr int kOffsetIndex = 0;  // -8 sum(q)
+};
+struct PanelQ4_1 {
+  using Block = block_q4_1;
+  static constexpr int kQsOffset = 4;
+  static constexpr bool kNibbles = true;
+  static constexpr bool kHasMin = true;
+  static constexpr int kOffsetIndex = -1;  // unsigned weights: no offset
+};
+
+// 16 rows' 16 bytes at rows[r] + offset as four vectors: out[j] lane p = 32-bit word
+// j of row kPanelRow(p). (Within each 128-bit lane L, unpacking the four row-quads
+// gathers rows L, 4 + L, 8 + L, 12 + L.)
+inline void transpose_16x4(const uint8_t* const* rows, int64_t offset, __m512i out[4]) {
+  __m512i z[4];
+  for (int i = 0; i < 4; ++i) {
+    auto ld = [&](int r) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + offset));
+    };
+    z[i] = _mm512_castsi128_si512(ld(4 * i));
+    z[i] = _mm512_inserti32x4(z[i], ld(4 * i + 1), 1);
+    z[i] = _mm512_inserti32x4(z[i], ld(4 * i + 2), 2);
+    z[i] = _mm512_inserti32x4(z[i], ld(4 * i + 3), 3);
+  }
+  const __m512i a = _mm512_unpacklo_epi32(z[0], z[1]);  // rows (L, 4+L) x words 0, 1
+  const __m512i b = _mm512_unpackhi_epi32(z[0], z[1]);  // rows (L, 4+L) x words 2, 3
+  const __m512i c = _mm512_unpacklo_epi32(z[2], z[3]);  // rows (8+L, 12+L) x words 0, 1
+  const __m512i d = _mm512_unpackhi_epi32(z[2], z[3]);
+  out[0] = _mm512_unpacklo_epi64(a, c);
+  out[1] = _mm512_unpackhi_epi64(a, c);
+  out[2] = _mm512_unpacklo_epi64(b, d);
+  out[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+constexpr auto kPrefetchHint = _MM_HINT_T0;
+
+// Bytes of one block of a repacked panel: 8 weight vectors, d[16], m[16].
+constexpr int64_t kPanelBlockBytes = 8 * 64 + 2 * 64;
+
+// Reads 16 weight rows block by block as the kernels want them. Lanes of missing rows
+// (n_rows < 16) get d = m = 0 (and row 0's weights), so they compute zeros. Meanwhile
+// it prefetches next[0, next_bytes) (the rows of the panel after this one,
+// contiguous), a slice per block, so that by the time that panel is read this one's
+// arithmetic has hidden the memory latency: sixteen rows are sixteen streams, more
+// than the hardware prefetchers follow.
+template <typename Traits>
+class PanelReader {
+ public:
+  using Block = typename Traits::Block;
+  PanelReader(const uint8_t* w, size_t w_stride, int n_rows, int64_t nb, const uint8_t* next,
+              int64_t next_bytes)
+      : w_(w), nb_(nb), next_(next), next_bytes_(next_bytes) {
+    for (int r = 0; r < kPanelRows; ++r) rows_[r] = w + (r < n_rows ? r : 0) * w_stride;
+    const __m512i row_index = panel_row_index();
+    valid_ = _mm512_cmplt_epi32_mask(row_index, _mm512_set1_epi32(n_rows));
+    head_offsets_ = _mm512_mullo_epi32(row_index, _mm512_set1_epi32(static_cast<int>(w_stride)));
+  }
+
+  void block(int64_t b, __m512i u[8], __m512* d, __m512* m) const {
+    for (int64_t i = b * next_bytes_ / nb_; i < (b + 1) * next_bytes_ / nb_; i += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(next_ + i), kPrefetchHint);
+    }
+    const int64_t blk = b * static_cast<int64_t>(sizeof(Block));
+    __m512i t[4];
+    transpose_16x4(rows_, blk + Traits::kQsOffset, t);
+    if constexpr (Traits::kNibbles) {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      for (int j = 0; j < 4; ++j) {  // low nibbles: elements 4j.., high: 16 + 4j..
+        u[j] = _mm512_and_si512(t[j], low4);
+        u[4 + j] = _mm512_and_si512(_mm512_srli_epi32(t[j], 4), low4);
+      }
+    } else {
+      const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));  // q + 128
+      for (int j = 0; j < 4; ++j) u[j] = _mm512_xor_si512(t[j], bias);
+      transpose_16x4(rows_, blk + Traits::kQsOffset + 16, t);
+      for (int j = 0; j < 4; ++j) u[4 + j] = _mm512_xor_si512(t[j], bias);
+    }
+    const __m512i head =
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid_, head_offsets_, w_ + blk, 1);
+    *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    *m = Traits::kHasMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                         : _mm512_setzero_ps();
+  }
+
+ private:
+  const uint8_t* w_;
+  const uint8_t* rows_[kPanelRows];
+  int64_t nb_;
+  const uint8_t* next_;
+  int64_t next_bytes_;
+  __mmask16 valid_;
+  __m512i head_offsets_;
+};
+
+template <typename Traits>
+void repack_panel(const PanelReader<Traits>& reader, int64_t nb, uint8_t* panel) {
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* out = panel + b * kPanelBlockBytes;
+    __m512i u[8];
+    __m512 d, m;
+    reader.block(b, u, &d, &m);
+    for (int g = 0; g < 8; ++g) _mm512_store_si512(out + 64 * g, u[g]);
+    _mm512_store_ps(reinterpret_cast<float*>(out + 512), d);
+    _mm512_store_ps(reinterpret_cast<float*>(out + 576), m);
+  }
+}
+
+inline __m512i broadcast_i32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+inline __m512 broadcast_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_ps(v);
+}
+
+// Where token t's values for one block sit in an activation tile block (kernels.h).
+struct TileBlock {
+  static constexpr int64_t kBytes = q8x32_tile_block_bytes(kPanelTokens);
+  static const uint8_t* qs(const uint8_t* xb, int g, int t) { return xb + 4 * (g * kPanelTokens + t); }
+  static const uint8_t* d(const uint8_t* xb, int t) { return xb + 4 * (8 * kPanelTokens + t); }
+  static const uint8_t* s(const uint8_t* xb, int t) { return xb + 4 * (9 * kPanelTokens + t); }
+  // -8 sum(q) (i = 0) or -128 sum(q) (i = 1) as int32.
+  static const uint8_t* offset(const uint8_t* xb, int i, int t) {
+    return xb + 4 * ((10 + i) * kPanelTokens + t);
+  }
+};
+
+// Q32Kernel groups a row's blocks 8 at a time (block b in lane b % 8) while at least 4
+// are left, and adds a shorter tail block by block (single()).
+inline int64_t grouped_blocks(int64_t nb) { return nb % 8 >= 4 ? nb : nb - nb % 8; }
+
+// Adds block b of NT tokens to acc (lane b % 8 of Q32Kernel::group).
+template <typename Traits, int NT>
+inline void grouped_block(const __m512i* u, __m512 d, __m512 m, const uint8_t* xb,
+                          __m512 (&acc)[NT]) {
+  __m512i isum[NT];
+  for (int t = 0; t < NT; ++t) {
+    isum[t] = Traits::kOffsetIndex >= 0 ? broadcast_i32(TileBlock::offset(xb, Traits::kOffsetIndex, t))
+                                        : _mm512_setzero_si512();
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    for (int t = 0; t < NT; ++t) {
+      isum[t] = _mm512_dpbusd_epi32(isum[t], u[g], broadcast_i32(TileBlock::qs(xb, g, t)));
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m512 scale = _mm512_mul_ps(d, broadcast_f32(TileBlock::d(xb, t)));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scale, acc[t]);
+    if constexpr (Traits::kHasMin) acc[t] = _mm512_fmadd_ps(m, broadcast_f32(TileBlock::s(xb, t)), acc[t]);
+  }
+}
+
+// Adds tail block b of NT tokens to the 8 lane accumulators (Q32Kernel::single: the
+// block's 8 group dots go to lanes 0..7, the Q4_1 minimum term to lane 0).
+template <typename Traits, int NT>
+inline void tail_block(const __m512i* u, __m512 d, __m512 m, const uint8_t* xb,
+                       __m512 (*acc8)[NT]) {
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(Traits::kNibbles ? 8 : 0x80));
+  for (int t = 0; t < NT; ++t) {
+    const __m512 scale = _mm512_mul_ps(d, broadcast_f32(TileBlock::d(xb, t)));
+    for (int g = 0; g < 8; ++g) {
+      const __m512i xq = broadcast_i32(TileBlock::qs(xb, g, t));
+      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[g], xq);
+      if constexpr (Traits::kOffsetIndex >= 0) {  // minus 8 or 128 times this group's sum(q)
+        dot = _mm512_sub_epi32(dot, _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xq));
+      }
+      acc8[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc8[g][t]);
+    }
+    if constexpr (Traits::kHasMin) {  // a rounded product, then an add: no FMA here
+      const __m512 ms = _mm512_mul_round_ps(m, broadcast_f32(TileBlock::s(xb, t)),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      acc8[0][t] = _mm512_add_ps(acc8[0][t], ms);
+    }
+  }
+}
+
+// hsum256's tree over the 8 lane accumulators, then rows back in order.
+template <int NT>
+inline void store_rows(__m512 (*acc8)[NT], float* y, int64_t y_stride, __mmask16 store_mask) {
+  const __m512i order = panel_row_index();
+  for (int t = 0; t < NT; ++t) {
+    const __m512 s0 = _mm512_add_ps(acc8[0][t], acc8[4][t]);
+    const __m512 s1 = _mm512_add_ps(acc8[1][t], acc8[5][t]);
+    const __m512 s2 = _mm512_add_ps(acc8[2][t], acc8[6][t]);
+    const __m512 s3 = _mm512_add_ps(acc8[3][t], acc8[7][t]);
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
+    _mm512_mask_storeu_ps(y + t * y_stride, store_mask, _mm512_permutexvar_ps(order, sum));
+  }
+}
+
+// y[t * y_stride + r] = row r of the repacked panel . token t of the activation tile,
+// for t < NT and rows r where store_mask has bit r (rows in order).
+template <typename Traits, int NT>
+void panel_tile(const uint8_t* panel, int64_t nb, const uint8_t* tile, float* y,
+                int64_t y_stride, __mmask16 store_mask) {
+  auto weights = [&](int64_t b, __m512i* u, __m512* d, __m512* m) {
+    const uint8_t* pb = panel + b * kPanelBlockBytes;
+    for (int g = 0; g < 8; ++g) u[g] = _mm512_load_si512(pb + 64 * g);
+    *d = _mm512_load_ps(reinterpret_cast<const float*>(pb + 512));
+    *m = _mm512_load_ps(reinterpret_cast<const float*>(pb + 576));
+  };
+  alignas(64) __m512 acc8[8][NT];
+  const int64_t n_grouped = grouped_blocks(nb);
+  for (int lane = 0; lane < 8; ++lane) {  // the chain of blocks lane, lane + 8, ...
+    __m512 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = lane; b < n_grouped; b += 8) {
+      __m512i u[8];
+      __m512 d, m;
+      weights(b, u, &d, &m);
+      grouped_block<Traits, NT>(u, d, m, tile + b * TileBlock::kBytes, acc);
+    }
+    for (int t = 0; t < NT; ++t) acc8[lane][t] = acc[t];
+  }
+  for (int64_t b = n_grouped; b < nb; ++b) {
+    __m512i u[8];
+    __m512 d, m;
+    weights(b, u, &d, &m);
+    tail_block<Traits, NT>(u, d, m, tile + b * TileBlock::kBytes, acc8);
+  }
+  store_rows<NT>(acc8, y, y_stride, store_mask);
+}
+
+template <typename Traits, int NT>
+void panel_tile_any(int nt, const uint8_t* panel, int64_t nb, const uint8_t* tile, float* y,
+                    int64_t y_stride, __mmask16 store_mask) {
+  if constexpr (NT >= 1) {
+    if (nt == NT) {
+      panel_tile<Traits, NT>(panel, nb, tile, y, y_stride, store_mask);
+    } else {
+      panel_tile_any<Traits, NT - 1>(nt, panel, nb, tile, y, y_stride, store_mask);
+    }
+  }
+}
+
+// One token (decode): the weights straight from the reader, no scratch round trip;
+// the 8 lane accumulators fit in registers.
+template <typename Traits>
+void panel_single(const PanelReader<Traits>& reader, int64_t nb, const uint8_t* tile, float* y,
+                  __mmask16 store_mask) {
+  __m512 acc8[8][1];
+  for (int lane = 0; lane < 8; ++lane) acc8[lane][0] = _mm512_setzero_ps();
+  const int64_t n_grouped = grouped_blocks(nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i u[8];
+    __m512 d, m;
+    reader.block(b, u, &d, &m);
+    const uint8_t* xb = tile + b * TileBlock::kBytes;
+    if (b < n_grouped) {
+      grouped_block<Traits, 1>(u, d, m, xb, acc8[b % 8]);
+    } else {
+      tail_block<Traits, 1>(u, d, m, xb, acc8);
+    }
+  }
+  store_rows<1>(acc8, y, 0, store_mask);
+}
+
+template <typename Traits>
+void matmul_q32_batched(const uint8_t* w, size_t w_stride, const uint8_t* x_tiles, int64_t k,
+                        int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride,
+                        uint8_t* scratch) {
+  const int64_t nb = k / 32;
+  const int64_t tile_bytes = nb * TileBlock::kBytes;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
+    const int nr = static_cast<int>(n_rows - r0 < kPanelRows ? n_rows - r0 : kPanelRows);
+    const __mmask16 store_mask = static_cast<__mmask16>((1u << nr) - 1);
+    const int64_t next_rows = n_rows - r0 - nr < kPanelRows ? n_rows - r0 - nr : kPanelRows;
+    const PanelReader<Traits> reader(w + r0 * w_stride, w_stride, nr, nb,
+                                     w + (r0 + nr) * w_stride,
+                                     next_rows * static_cast<int64_t>(w_stride));
+    if (n_tokens == 1) {
+      panel_single(reader, nb, x_tiles, y + r0, store_mask);
+      continue;
+    }
+    repack_panel(reader, nb, scratch);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
+      const int nt = static_cast<int>(n_tokens - t0 < kPanelTokens ? n_tokens - t0 : kPanelTokens);
+      panel_tile_any<Traits, kPanelTokens>(nt, scratch, nb,
+                                           x_tiles + t0 / kPanelTokens * tile_bytes,
+                                           y + t0 * y_stride + r0, y_stride, store_mask);
+    }
+  }
+}
+
+// Installs the batched kernels into an AVX-512 table. They serve every token count:
+// one token is cheaper this way too, and the results are the per-row kernels' anyway.
+inline void add_avx512_batched(KernelTable& t) {
+  t.matmul_batched[static_cast<int>(DType::kQ8_0)] = matmul_q32_batched<PanelQ8_0>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_0)] = matmul_q32_batched<PanelQ4_0>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_1)] = matmul_q32_batched<PanelQ4_1>;
+  t.matmul_batched_min_tokens = 1;
+  t.matmul_batched_tile = kPanelTokens;
+}
+
+}  // namespace
+}  // namespace dserve::cpu
