@@ -4,7 +4,7 @@
 //
 // Activation pointers (float*) live in the backend's memory: host memory for the
 // CPU backend. Weights are TensorViews as the loader produced them (any DType);
-// a backend may repack them once in prepare_weight().
+// the CPU backend reads them in place (a load-time repack hook is future work).
 //
 // Shapes are written [outer, ..., inner], row-major, contiguous unless a stride is
 // given. All reductions (norms, softmax, dot products) accumulate in FP32.

@@ -109,3 +109,17 @@ def test_slow_reader_does_not_stall_others(dserve_bin, default_model, tmp_path):
             assert results == [8, 8, 8, 8]
         finally:
             slow.close()
+
+
+def test_api_key_from_the_environment(dserve_bin, default_model, tmp_path):
+    with server_util.running(dserve_bin, default_model, "--threads", 2,
+                             env={"DSERVE_API_KEY": "env-key"},
+                             log_path=tmp_path / "serve.log") as s:
+        for key, ok in (("wrong", False), ("env-key", True)):
+            c = openai.OpenAI(base_url=s.base_url + "/v1", api_key=key, max_retries=0)
+            if ok:
+                assert c.models.list().data
+            else:
+                with pytest.raises(openai.AuthenticationError):
+                    c.models.list()
+        assert s.get("/health")[0] == 200  # not a /v1 route: open, as vLLM
