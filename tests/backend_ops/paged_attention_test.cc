@@ -76,12 +76,17 @@ struct SeqStep {
 
 struct Shape {
   int block_size, n_heads, n_kv_heads, head_dim, v_dim;
+  // MLA's absorbed attention over the latent pool: one pool row per token serves as
+  // key and value at once (k_pool == v_pool, one KV head, head_dim == v_dim == the
+  // latent row: kv_lora_rank + qk_rope_head_dim), as DeepseekModel::attention_paged
+  // calls it.
+  bool latent = false;
 };
 
 std::string shape_name(const Shape& s) {
   return "block " + std::to_string(s.block_size) + " heads " + std::to_string(s.n_heads) + "/" +
          std::to_string(s.n_kv_heads) + " head_dim " + std::to_string(s.head_dim) + " v_dim " +
-         std::to_string(s.v_dim);
+         std::to_string(s.v_dim) + (s.latent ? " (MLA latent pool)" : "");
 }
 
 // Slot of position p for a block table.
@@ -129,7 +134,8 @@ struct PagedCase {
     batch.block_tables = flat_tables.data();
     batch.block_table_offsets = offsets.data();
     batch.block_size = sh.block_size;
-    backend.paged_attention(sub_q.data(), k_pool.data(), v_pool.data(), out.data(), batch,
+    const float* v = sh.latent ? k_pool.data() : v_pool.data();  // the same pool for MLA
+    backend.paged_attention(sub_q.data(), k_pool.data(), v, out.data(), batch,
                             sh.n_heads, sh.n_kv_heads, sh.head_dim, sh.v_dim, scale);
     return out;
   }
@@ -179,7 +185,7 @@ PagedCase make_case(Backend& backend, const Shape& sh, const std::vector<SeqStep
   c.slots.resize(n_seqs);
   for (int64_t s = 0; s < n_seqs; ++s) {
     c.k_seq[s] = random_floats(seqs[s].n_ctx * c.k_row, rng);
-    c.v_seq[s] = random_floats(seqs[s].n_ctx * c.v_row, rng);
+    c.v_seq[s] = sh.latent ? c.k_seq[s] : random_floats(seqs[s].n_ctx * c.v_row, rng);
     for (int p = 0; p < seqs[s].n_ctx; ++p) c.slots[s].push_back(slot_of(c.tables[s], bs, p));
     backend.kv_store(c.k_pool.data(), c.k_row, c.k_seq[s].data(), c.slots[s].data(), seqs[s].n_ctx);
     backend.kv_store(c.v_pool.data(), c.v_row, c.v_seq[s].data(), c.slots[s].data(), seqs[s].n_ctx);
@@ -203,6 +209,7 @@ PagedCase make_case(Backend& backend, const Shape& sh, const std::vector<SeqStep
 void check_paged_attention(Backend& backend, const Shape& sh, const std::vector<SeqStep>& seqs,
                            std::mt19937& rng) {
   SCOPED_TRACE(shape_name(sh));
+  ASSERT_TRUE(!sh.latent || (sh.n_kv_heads == 1 && sh.head_dim == sh.v_dim));
   const PagedCase c = make_case(backend, sh, seqs, rng);
   const std::vector<float> out = c.run(backend);
 
@@ -257,6 +264,18 @@ TEST_P(PagedAttentionTest, MatchesContiguousAttention) {
   for (const Shape& sh : {Shape{16, 4, 4, 64, 64}, Shape{16, 9, 3, 48, 32},
                           Shape{128, 6, 2, 64, 48}, Shape{128, 3, 3, 48, 64},
                           Shape{5, 3, 1, 48, 64}, Shape{5, 2, 2, 7, 9}, Shape{16, 8, 1, 96, 64}}) {
+    check_paged_attention(*backend_, sh, seqs, rng_);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// MLA: DeepSeek-V2/V3's absorbed attention reads one latent pool as both keys and
+// values (kv_lora_rank 512 + rope 64 = 576 floats per token; 16 query heads over one
+// latent "head"; small odd-sized latents too), at block sizes 16 and 128.
+TEST_P(PagedAttentionTest, MlaLatentPool) {
+  const std::vector<SeqStep> seqs = {{1, 1}, {40, 1}, {129, 29}, {300, 1}, {17, 17}};
+  for (const Shape& sh : {Shape{16, 16, 1, 576, 576, true}, Shape{128, 16, 1, 576, 576, true},
+                          Shape{16, 5, 1, 40, 40, true}, Shape{128, 3, 1, 72, 72, true}}) {
     check_paged_attention(*backend_, sh, seqs, rng_);
     if (HasFatalFailure()) return;
   }
