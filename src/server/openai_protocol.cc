@@ -147,11 +147,27 @@ void read_common(FieldReader& f, const json& body, GenerationRequest& r) {
       return f.fail("stop must be a string or a list of strings", "stop");
     }
   }
+  if (s.stop.size() > kMaxStopStrings) {
+    return f.fail("at most " + std::to_string(kMaxStopStrings) + " stop strings are allowed",
+                  "stop");
+  }
+  for (const std::string& x : s.stop) {
+    if (x.size() > kMaxStopStringBytes) {
+      return f.fail("a stop string may be at most " + std::to_string(kMaxStopStringBytes) +
+                        " bytes long",
+                    "stop");
+    }
+  }
   if (const json* ids = f.get("stop_token_ids")) {
     if (!ids->is_array()) return f.fail("stop_token_ids must be a list of integers", "stop_token_ids");
+    if (ids->size() > kMaxStopTokenIds) {
+      return f.fail("at most " + std::to_string(kMaxStopTokenIds) + " stop_token_ids are allowed",
+                    "stop_token_ids");
+    }
     for (const json& x : *ids) {
-      if (!x.is_number_integer())
-        return f.fail("stop_token_ids must be a list of integers", "stop_token_ids");
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+          x.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        return f.fail("stop_token_ids must be a list of token ids", "stop_token_ids");
       s.stop_token_ids.push_back(x.get<int32_t>());
     }
   }

@@ -23,6 +23,11 @@ namespace dserve::server {
 
 // Choices per request at most (`n`).
 inline constexpr int kMaxChoices = 64;
+// Stop strings: matching costs O(count x length^2) per generated token on the engine
+// thread, which every request shares, so both are bounded (OpenAI allows 4 strings).
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 256;
+inline constexpr size_t kMaxStopTokenIds = 1024;
 
 // What completions and chat requests share.
 struct GenerationRequest {

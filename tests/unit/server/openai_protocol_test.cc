@@ -86,6 +86,9 @@ TEST(OpenAiProtocol, BadValuesNameTheirField) {
       {{{"prompt", "x"}, {"frobnicate", 1}}, "frobnicate"},
       {{{"prompt", json::array()}}, "prompt"},
       {{{"prompt", {1, -5}}}, "prompt"},
+      {{{"prompt", "x"}, {"stop", std::vector<std::string>(17, "s")}}, "stop"},
+      {{{"prompt", "x"}, {"stop", std::string(257, 's')}}, "stop"},
+      {{{"prompt", "x"}, {"stop_token_ids", std::vector<int>(1025, 1)}}, "stop_token_ids"},
   };
   for (const Case& c : cases) {
     auto r = parse_completion_request(c.body);
