@@ -3,7 +3,7 @@
 #include <future>
 
 #include "base/log.h"
-#include "sampling/stop_string_matcher.h"
+#include "engine/output_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve {
@@ -35,8 +35,7 @@ void OutputQueue::push(OutputDelta delta) {
 struct AsyncLlm::Pending {
   std::shared_ptr<OutputQueue> queue;
   int index = 0;
-  std::unique_ptr<IncrementalDecoder> decoder;  // null without a tokenizer
-  std::unique_ptr<StopStringMatcher> stops;
+  std::unique_ptr<OutputText> text;  // null without a tokenizer
   Clock::time_point arrival, last_token;
   int n_prompt_tokens = 0;
   int n_generated_tokens = 0;
@@ -155,12 +154,7 @@ void AsyncLlm::finish(RequestId id, const std::string& reason, const std::string
   d.index = p.index;
   d.finish_reason = reason;
   d.error = error;
-  if (p.decoder && reason != "error") {
-    // Whatever the decoder and the stop matcher still hold is final now.
-    const StopStringMatcher::Output so = p.stops->add(p.decoder->flush());
-    d.text = so.text;
-    if (!so.stopped) d.text += p.stops->flush();
-  }
+  if (p.text && reason != "error") d.text = p.text->finish();  // final now
   p.queue->push(std::move(d));
   if (observer_) {
     observer_->on_finished(reason, p.n_prompt_tokens, p.n_generated_tokens,
@@ -195,11 +189,7 @@ void AsyncLlm::apply(Command& c) {
         Pending p;
         p.queue = c.queue;
         p.index = c.index + static_cast<int>(j);
-        if (tok) {
-          p.decoder = std::make_unique<IncrementalDecoder>(*tok);
-          p.stops = std::make_unique<StopStringMatcher>(c.options.stop,
-                                                        c.options.include_stop_str_in_output);
-        }
+        if (tok) p.text = std::make_unique<OutputText>(*tok, c.options);
         p.arrival = c.arrival;
         p.n_prompt_tokens = static_cast<int>(c.prompt.size());
         pending_->emplace(c.ids[j], std::move(p));
@@ -236,11 +226,7 @@ void AsyncLlm::publish(std::vector<EngineOutput>& outputs) {
     bool stopped = false;
     for (int32_t t : e.new_token_ids) {
       d.token_ids.push_back(t);
-      if (p.decoder && !stopped) {
-        const StopStringMatcher::Output so = p.stops->add(p.decoder->add(t));
-        d.text += so.text;
-        stopped = so.stopped;
-      }
+      if (p.text && !stopped) d.text += p.text->add(t, &stopped);
     }
     if (!e.new_token_ids.empty() && observer_) {
       if (p.n_generated_tokens == 0) {
@@ -261,10 +247,7 @@ void AsyncLlm::publish(std::vector<EngineOutput>& outputs) {
     }
     if (!d.token_ids.empty() || !d.text.empty() || !d.prompt_logprobs.empty())
       p.queue->push(std::move(d));
-    if (reason) {
-      if (stopped) p.decoder.reset();  // nothing more to flush after a stop string
-      finish(e.id, *reason);
-    }
+    if (reason) finish(e.id, *reason);
   }
 }
 

@@ -7,7 +7,7 @@
 #include "backend/backend.h"
 #include "base/log.h"
 #include "loader/model_files.h"
-#include "sampling/stop_string_matcher.h"
+#include "engine/output_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve {
@@ -121,11 +121,10 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
     }
     params.push_back(std::move(p).value());
   }
-  // Per request: the output so far and, with a tokenizer, its detokenizer and stop matcher.
+  // Per request: where its output goes and, with a tokenizer, its text.
   struct Pending {
     size_t index = 0;
-    std::unique_ptr<IncrementalDecoder> decoder;
-    std::unique_ptr<StopStringMatcher> stops;
+    std::unique_ptr<OutputText> text;
   };
   // Output i * n + j is choice j of prompt i.
   size_t n_outputs = 0;
@@ -162,11 +161,7 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
       Pending p;
       p.index = first_output + static_cast<size_t>(j);
       outs[p.index].prompt_ids = prompt_ids[i];
-      if (tokenizer_) {
-        p.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_);
-        p.stops = std::make_unique<StopStringMatcher>(params[i].stop(),
-                                                      params[i].include_stop_str_in_output());
-      }
+      if (tokenizer_) p.text = std::make_unique<OutputText>(*tokenizer_, options[i]);
       pending.emplace(ids[j], std::move(p));
     }
     first_output += static_cast<size_t>(n);
@@ -186,11 +181,7 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
       bool stopped = false;
       for (size_t k = 0; k < e.new_token_ids.size(); ++k) {
         out.token_ids.push_back(e.new_token_ids[k]);
-        if (p.decoder) {
-          const StopStringMatcher::Output so = p.stops->add(p.decoder->add(e.new_token_ids[k]));
-          out.text += so.text;
-          stopped = stopped || so.stopped;
-        }
+        if (p.text && !stopped) out.text += p.text->add(e.new_token_ids[k], &stopped);
       }
       for (SampleResult& r : e.logprobs) out.logprobs.push_back(std::move(r));
       std::optional<sched::FinishReason> reason = e.finish_reason;
@@ -199,11 +190,7 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
         reason = sched::FinishReason::kStop;
       }
       if (!reason) continue;
-      if (p.decoder && !stopped) {
-        const StopStringMatcher::Output so = p.stops->add(p.decoder->flush());
-        out.text += so.text;
-        if (!so.stopped) out.text += p.stops->flush();
-      }
+      if (p.text) out.text += p.text->finish();
       out.finish_reason = sched::finish_reason_name(*reason);
       pending.erase(it);
     }

@@ -298,6 +298,28 @@ class OpenAiServing::Stream : public EventStream {
   bool done_ = false;
 };
 
+std::unique_ptr<OpenAiServing::Job> OpenAiServing::new_job(bool chat,
+                                                           const GenerationRequest& r) const {
+  auto job = std::make_unique<Job>();
+  job->chat = chat;
+  job->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  job->created = unix_now();
+  job->model = model_name();
+  job->llm = &llm_;
+  job->tok = llm_.tokenizer();
+  job->include_usage = r.include_usage;
+  return job;
+}
+
+// A non-streamed response: waits for every choice, then answers at once.
+Reply OpenAiServing::run_to_completion(Job& job) {
+  while (job.n_unfinished > 0) {
+    for (OutputDelta& d : job.queue->pop(std::chrono::milliseconds(1000))) job.apply(d, nullptr);
+  }
+  if (!job.error.empty()) return Reply::error({500, job.error, "server_error", "", ""});
+  return {200, job.response(), nullptr};
+}
+
 OpenAiServing::OpenAiServing(AsyncLlm& llm, ChatRenderer render_chat, ServingConfig config)
     : llm_(llm), render_chat_(std::move(render_chat)), config_(std::move(config)) {}
 
@@ -362,13 +384,7 @@ Reply OpenAiServing::completions(const json& body) const {
   // echo + logprobs scores the prompt too, as evaluation harnesses use it.
   if (r.sampling.logprobs && r.echo) r.sampling.prompt_logprobs = r.sampling.logprobs;
 
-  auto job = std::make_unique<Job>();
-  job->id = random_id("cmpl-");
-  job->created = unix_now();
-  job->model = model_name();
-  job->llm = &llm_;
-  job->tok = tok;
-  job->include_usage = r.include_usage;
+  std::unique_ptr<Job> job = new_job(/*chat=*/false, r);
   job->logprobs = r.sampling.logprobs.has_value();
   const int n = r.sampling.n;
   job->n_per_prompt = n;
@@ -427,11 +443,7 @@ Reply OpenAiServing::completions(const json& body) const {
     s->set_prefix(std::move(prefix));
     return {200, nullptr, s};
   }
-  while (job->n_unfinished > 0) {
-    for (OutputDelta& d : job->queue->pop(std::chrono::milliseconds(1000))) job->apply(d, nullptr);
-  }
-  if (!job->error.empty()) return Reply::error({500, job->error, "server_error", "", ""});
-  return {200, job->response(), nullptr};
+  return run_to_completion(*job);
 }
 
 Reply OpenAiServing::chat_completions(const json& body) const {
@@ -456,14 +468,7 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   }
   r.sampling.max_tokens = max_tokens;
 
-  auto job = std::make_unique<Job>();
-  job->chat = true;
-  job->id = random_id("chatcmpl-");
-  job->created = unix_now();
-  job->model = model_name();
-  job->llm = &llm_;
-  job->tok = llm_.tokenizer();
-  job->include_usage = r.include_usage;
+  std::unique_ptr<Job> job = new_job(/*chat=*/true, r);
   job->logprobs = r.logprobs;
   job->reasoning = config_.reasoning_deepseek_r1;
   job->n_prompt_tokens = static_cast<int64_t>(prompt->size());
@@ -474,11 +479,7 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   job->request_ids = std::move(ids).value();
   job->n_unfinished = n;
   if (r.stream) return {200, nullptr, std::make_shared<Stream>(std::move(job))};
-  while (job->n_unfinished > 0) {
-    for (OutputDelta& d : job->queue->pop(std::chrono::milliseconds(1000))) job->apply(d, nullptr);
-  }
-  if (!job->error.empty()) return Reply::error({500, job->error, "server_error", "", ""});
-  return {200, job->response(), nullptr};
+  return run_to_completion(*job);
 }
 
 Reply OpenAiServing::models() const {

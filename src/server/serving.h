@@ -22,6 +22,8 @@
 
 namespace dserve::server {
 
+struct GenerationRequest;  // openai_protocol.h
+
 // Server-sent events for one streamed response.
 class EventStream {
  public:
@@ -71,6 +73,9 @@ class OpenAiServing {
  private:
   struct Job;
   class Stream;
+  // A job for `r` with the fields every endpoint sets (id, model, tokenizer, usage).
+  std::unique_ptr<Job> new_job(bool chat, const GenerationRequest& r) const;
+  static Reply run_to_completion(Job& job);
   // An error, or empty when `model` is empty or one of the served names.
   std::optional<ApiError> check_model(const std::string& model) const;
   // Renders and tokenizes a chat conversation.
