@@ -3,6 +3,9 @@
 // 32 tokens, as one serving step of that many requests) and prefill (64 tokens); all
 // report "GMAC/s".
 //
+// Each case runs on the weights as loaded ("plain") and after prepare_matmul_weight
+// ("prepared", as models do at load: the CPU's packed panels where a level has them).
+//
 // Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
 // DSERVE_BENCH_THREADS (default: all cores), DSERVE_BENCH_TOKENS (comma-separated
 // token counts; default 1,8,32,64).
@@ -58,9 +61,10 @@ std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k) {
   return w;
 }
 
-void bm_matmul(benchmark::State& state, DType t, Shape shape, int64_t n_tokens) {
+void bm_matmul(benchmark::State& state, DType t, Shape shape, int64_t n_tokens, bool prepared) {
   std::vector<uint8_t> bytes = random_weights(t, shape.n_out, shape.n_in);
   TensorView w{t, {shape.n_out, shape.n_in}, bytes.data(), bytes.size()};
+  if (prepared) backend().prepare_matmul_weight(w);
   std::vector<float> x(n_tokens * shape.n_in), y(n_tokens * shape.n_out);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist;
@@ -101,9 +105,10 @@ int main(int argc, char** argv) {
         const std::string kind = n_tokens == 1    ? "decode/"
                                  : n_tokens == 64 ? "prefill64/"
                                                   : "batch" + std::to_string(n_tokens) + "/";
-        std::string name = kind +
-                           std::string(dtype_name(t)) + "/" + s.name;
-        benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, s, n_tokens)
+        for (bool prepared : {false, true}) {
+        std::string name = kind + std::string(dtype_name(t)) + "/" + s.name +
+                           (prepared ? "/prepared" : "/plain");
+        benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, s, n_tokens, prepared)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime()
             // On a shared machine the fastest repetition is the least disturbed one:
@@ -111,6 +116,7 @@ int main(int argc, char** argv) {
             ->ComputeStatistics("min", [](const std::vector<double>& v) {
               return *std::min_element(v.begin(), v.end());
             }, benchmark::StatisticUnit::kTime);
+        }
       }
     }
   }

@@ -4,7 +4,8 @@
 //
 // Activation pointers (float*) live in the backend's memory: host memory for the
 // CPU backend. Weights are TensorViews as the loader produced them (any DType);
-// the CPU backend reads them in place (a load-time repack hook is future work).
+// the CPU backend reads them in place unless the model prepared them at load
+// (prepare_matmul_weight).
 //
 // Shapes are written [outer, ..., inner], row-major, contiguous unless a stride is
 // given. All reductions (norms, softmax, dot products) accumulate in FP32.
@@ -47,6 +48,13 @@ struct PagedBatch {
   int block_size = 16;
 };
 
+// One product of Backend::matmul_many: y[n_tokens, w.shape[0]] = x · wᵀ (+ bias).
+struct MatmulTarget {
+  const TensorView* w = nullptr;
+  const TensorView* bias = nullptr;  // optional
+  float* y = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -56,6 +64,24 @@ class Backend {
   // bias is non-null (bias F32/F16/BF16). w may be any DType.
   virtual void matmul(const TensorView& w, const TensorView* bias, const float* x,
                       int64_t n_tokens, float* y) = 0;
+
+  // matmul of one input by several weights (q/k/v, gate/up), each with its own output:
+  // a backend may prepare x once for all of them and run them as one job. Every w
+  // must have x's row length. Default: one matmul per target.
+  virtual void matmul_many(const float* x, int64_t n_tokens, const MatmulTarget* targets,
+                           int n_targets) {
+    for (int i = 0; i < n_targets; ++i) {
+      matmul(*targets[i].w, targets[i].bias, x, n_tokens, targets[i].y);
+    }
+  }
+
+  // Optional, at model load: lets the backend keep its own copy of weight matrix w
+  // laid out for its kernels (the CPU's 16-row panels), made once here instead of on
+  // every call. matmul then uses the copy whenever it is given a view of the same data,
+  // dtype and shape, with the same results as without it. w's memory must stay alive
+  // and unchanged while the backend is used with it; preparing the same data again
+  // replaces the copy. Default: nothing (weights are read in place).
+  virtual void prepare_matmul_weight(const TensorView& w) { (void)w; }
 
   // out[i] = table[ids[i]] as float: out[n_ids, row_length].
   virtual void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,

@@ -266,6 +266,25 @@ Status DeepseekModel::bind_weights() {
     DS_LOG_INFO("{} MTP layer(s) present in the config; not run", c.num_nextn_predict_layers);
   }
   rope_ = std::make_unique<RopeCache>(c.rope, max_context_);
+
+  // The backend's own layout of every matmul weight, made once here.
+  auto prepare = [&](const TensorView* t) {
+    if (t != nullptr) backend_.prepare_matmul_weight(*t);
+  };
+  auto prepare_mlp = [&](const Mlp& m) {
+    for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);
+  };
+  prepare(lm_head_);
+  for (const LayerWeights& w : layers_) {
+    for (const TensorView* t : {w.q_proj, w.q_a, w.q_b, w.kv_a, w.kv_b, w.o_proj, w.router}) {
+      prepare(t);
+    }
+    for (const TensorView& t : w.w_uk_t) prepare(&t);
+    for (const TensorView& t : w.w_uv) prepare(&t);
+    prepare_mlp(w.dense);
+    prepare_mlp(w.shared);
+    for (const Mlp& m : w.experts) prepare_mlp(m);
+  }
   return Status::Ok();
 }
 
@@ -377,10 +396,13 @@ void DeepseekModel::project_qkv(int layer, int64_t n, std::span<const int32_t> p
   const RopeTable& rope = rope_->table();
 
   // q [n, H, nope + rope]
+  // and kva [n, r + rope] = [c | k_pe] from the same input, in one backend job.
   if (w.q_proj != nullptr) {
-    backend_.matmul(*w.q_proj, nullptr, s.xb.data(), n, s.q.data());
+    const MatmulTarget q_kva[] = {{w.q_proj, nullptr, s.q.data()}, {w.kv_a, nullptr, s.kva.data()}};
+    backend_.matmul_many(s.xb.data(), n, q_kva, 2);
   } else {
-    backend_.matmul(*w.q_a, nullptr, s.xb.data(), n, s.qa.data());
+    const MatmulTarget qa_kva[] = {{w.q_a, nullptr, s.qa.data()}, {w.kv_a, nullptr, s.kva.data()}};
+    backend_.matmul_many(s.xb.data(), n, qa_kva, 2);
     backend_.rms_norm(s.qa.data(), *w.q_a_norm, c.rms_norm_eps, n, c.q_lora_rank, s.qa.data());
     backend_.matmul(*w.q_b, nullptr, s.qa.data(), n, s.q.data());
   }
@@ -389,8 +411,7 @@ void DeepseekModel::project_qkv(int layer, int64_t n, std::span<const int32_t> p
   backend_.rope(s.q.data() + nope, n, static_cast<int>(H), static_cast<int>(c.qk_head_dim()),
                 positions.data(), rope, c.rope_interleaved);
 
-  // kva [n, r + rope] = [c | k_pe]; c normed, k_pe rotated; rows go to the cache.
-  backend_.matmul(*w.kv_a, nullptr, s.xb.data(), n, s.kva.data());
+  // kva: c normed, k_pe rotated; rows go to the cache.
   for (int64_t t = 0; t < n; ++t) {
     backend_.rms_norm(&s.kva[t * row], *w.kv_a_norm, c.rms_norm_eps, 1, r, &s.kva[t * row]);
   }

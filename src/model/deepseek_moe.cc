@@ -16,8 +16,9 @@ void DeepseekModel::run_mlp(const Mlp& mlp, int64_t inter, const float* in, int6
   s.gate.resize(rows * inter);
   s.up.resize(rows * inter);
   // gate, up [rows, inter]; gate = silu(gate) * up; out [rows, hidden] = gate · downᵀ
-  backend_.matmul(*mlp.gate, nullptr, in, rows, s.gate.data());
-  backend_.matmul(*mlp.up, nullptr, in, rows, s.up.data());
+  const MatmulTarget gate_up[] = {{mlp.gate, nullptr, s.gate.data()},
+                                  {mlp.up, nullptr, s.up.data()}};
+  backend_.matmul_many(in, rows, gate_up, 2);
   backend_.silu_mul(s.gate.data(), s.up.data(), rows * inter, s.gate.data());
   backend_.matmul(*mlp.down, nullptr, s.gate.data(), rows, out);
 }

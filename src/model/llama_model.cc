@@ -105,6 +105,14 @@ Status LlamaModel::bind_weights() {
     freq_factors.assign(data, data + rope_freqs->n_elements());
   }
   rope_ = std::make_unique<RopeCache>(c.rope, max_context_, freq_factors);
+
+  // The backend's own layout of every matmul weight, made once here.
+  backend_.prepare_matmul_weight(*lm_head_);
+  for (const LayerWeights& w : layers_) {
+    for (const TensorView* t : {w.wq, w.wk, w.wv, w.wo, w.w_gate, w.w_up, w.w_down}) {
+      backend_.prepare_matmul_weight(*t);
+    }
+  }
   return Status::Ok();
 }
 
@@ -189,9 +197,9 @@ void LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int
     // xb[n, hidden] = rms_norm(x)
     backend_.rms_norm(s.x.data(), *w.attn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
     // q[n, n_heads, head_dim], k and v [n, n_kv_heads, head_dim]
-    backend_.matmul(*w.wq, w.bq, s.xb.data(), n, s.q.data());
-    backend_.matmul(*w.wk, w.bk, s.xb.data(), n, s.k.data());
-    backend_.matmul(*w.wv, w.bv, s.xb.data(), n, s.v.data());
+    const MatmulTarget qkv[] = {
+        {w.wq, w.bq, s.q.data()}, {w.wk, w.bk, s.k.data()}, {w.wv, w.bv, s.v.data()}};
+    backend_.matmul_many(s.xb.data(), n, qkv, 3);
     backend_.rope(s.q.data(), n, c.n_heads, c.head_dim, positions.data(), rope,
                   rope_pairs_interleaved_);
     backend_.rope(s.k.data(), n, c.n_kv_heads, c.head_dim, positions.data(), rope,
@@ -206,8 +214,9 @@ void LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int
     // xb[n, hidden] = rms_norm(x)
     backend_.rms_norm(s.x.data(), *w.ffn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
     // gate, up [n, intermediate]; gate = silu(gate) * up
-    backend_.matmul(*w.w_gate, w.b_gate, s.xb.data(), n, s.gate.data());
-    backend_.matmul(*w.w_up, w.b_up, s.xb.data(), n, s.up.data());
+    const MatmulTarget gate_up[] = {{w.w_gate, w.b_gate, s.gate.data()},
+                                    {w.w_up, w.b_up, s.up.data()}};
+    backend_.matmul_many(s.xb.data(), n, gate_up, 2);
     backend_.silu_mul(s.gate.data(), s.up.data(), n * inter, s.gate.data());
     // xb[n, hidden] = gate · Wdownᵀ ; x += xb
     backend_.matmul(*w.w_down, w.b_down, s.gate.data(), n, s.xb.data());

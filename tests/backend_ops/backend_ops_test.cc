@@ -321,6 +321,134 @@ TEST(CpuKernelsTest, BatchedMatmulEqualsPerRowKernels) {
   }
 }
 
+TEST(CpuKernelsTest, PackedMatmulEqualsPerRowKernels) {
+  // Weights packed at load (KernelTable::pack_weight) through matmul_packed, and
+  // activations quantised straight into tiles, against the per-row kernels on the
+  // plain rows: bit for bit, for row counts around the panel height.
+  std::mt19937 rng(7);
+  for (CpuIsa isa : cpu::supported_isas()) {
+    const cpu::KernelTable& kt = cpu::kernels_for(isa);
+    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+      const int ti = static_cast<int>(t);
+      if (kt.matmul_packed[ti] == nullptr) continue;
+      for (int64_t k : {96, 576}) {
+        for (int64_t n : {1, 16, 17, 40}) {
+          for (int64_t n_tokens : {1, 2, 12, 25}) {
+            SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(dtype_name(t)) +
+                         " k=" + std::to_string(k) + " n=" + std::to_string(n) +
+                         " tokens=" + std::to_string(n_tokens));
+            std::vector<uint8_t> w = random_weights(t, n, k, rng);
+            std::vector<float> x = random_floats(n_tokens * k, rng);
+            std::fill_n(x.begin() + 32, 32, 0.0f);  // an all-zero block: scale 0
+            x[70] = 1e4f;                            // and an outlier
+            const int64_t tile = kt.matmul_batched_tile;
+            const int64_t x_stride = cpu::act_row_bytes(cpu::ActFormat::kQ8x32, k);
+            std::vector<uint8_t> rows(x_stride * n_tokens);
+            std::vector<uint8_t> tiles(cpu::q8x32_tiles_bytes(k, n_tokens, tile), 0);
+            std::vector<uint8_t> fused(tiles.size(), 0);
+            for (int64_t i = 0; i < n_tokens; ++i) {
+              kt.quantize_q8x32(x.data() + i * k, k, rows.data() + i * x_stride);
+              cpu::q8x32_copy_to_tiles(rows.data() + i * x_stride, k, i, tile, tiles.data());
+              kt.quantize_q8x32_tiles(x.data() + i * k, k, i, tile, fused.data());
+            }
+            EXPECT_EQ(tiles, fused) << "quantize_q8x32_tiles differs from quantise + copy";
+            const size_t w_stride = dtype_bytes(t, k);
+            const int64_t n_panels = (n + cpu::kMatmulPackRows - 1) / cpu::kMatmulPackRows;
+            std::vector<uint8_t> packed(n_panels * kt.packed_layout[ti].panel_bytes(k) + 64);
+            uint8_t* aligned =
+                packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64);
+            kt.pack_weight[ti](w.data(), w_stride, n, k, aligned);
+            std::vector<float> want(n_tokens * n), got(n_tokens * n, NAN);
+            kt.matmul[ti](w.data(), w_stride, rows.data(), x_stride, k, n, n_tokens, want.data(),
+                          n);
+            kt.matmul_packed[ti](aligned, fused.data(), k, n, n_tokens, got.data(), n);
+            EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, PreparedWeightsGiveTheSameBits) {
+  // prepare_matmul_weight may keep a packed copy; matmul must give the same bits with
+  // it as without, use it only for a view of the same data and shape, and take a
+  // second preparation of the same memory (new contents) instead of the old copy.
+  CpuBackendOptions options;
+  options.n_threads = GetParam().n_threads;
+  options.isa = std::string(cpu::isa_name(GetParam().isa));
+  std::unique_ptr<Backend> plain = make_cpu_backend(options);
+  for (DType t : kAllTypes) {
+    const int64_t k = act_block(t) == 256 ? 512 : 576;
+    for (int64_t n : {16, 45}) {
+      for (int64_t n_tokens : {1, 13, 32}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n) +
+                     " tokens=" + std::to_string(n_tokens));
+        std::vector<uint8_t> wbytes = random_weights(t, n, k, rng_);
+        TensorView w{t, {n, k}, wbytes.data(), wbytes.size()};
+        std::vector<float> x = random_floats(n_tokens * k, rng_);
+        std::vector<float> want(n_tokens * n), got(n_tokens * n, NAN);
+        plain->matmul(w, nullptr, x.data(), n_tokens, want.data());
+        backend_->prepare_matmul_weight(w);
+        backend_->matmul(w, nullptr, x.data(), n_tokens, got.data());
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+
+        // The first rows only: another shape over the same data.
+        TensorView head{t, {n - 3, k}, wbytes.data(), dtype_bytes(t, (n - 3) * k)};
+        std::vector<float> want_head((n - 3) * n_tokens), got_head((n - 3) * n_tokens, NAN);
+        plain->matmul(head, nullptr, x.data(), n_tokens, want_head.data());
+        backend_->matmul(head, nullptr, x.data(), n_tokens, got_head.data());
+        EXPECT_EQ(std::memcmp(want_head.data(), got_head.data(), want_head.size() * 4), 0);
+
+        // New contents in the same memory, prepared again.
+        const std::vector<uint8_t> other = random_weights(t, n, k, rng_);
+        std::copy(other.begin(), other.end(), wbytes.begin());
+        backend_->prepare_matmul_weight(w);
+        plain->matmul(w, nullptr, x.data(), n_tokens, want.data());
+        backend_->matmul(w, nullptr, x.data(), n_tokens, got.data());
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulManyEqualsOneByOne) {
+  // One input, several weights of different types (some prepared, one with a bias):
+  // each output as its own matmul gives it, bit for bit.
+  const int64_t k = 512;
+  const std::vector<std::pair<DType, int64_t>> specs = {
+      {DType::kQ4_1, 45}, {DType::kQ8_0, 16}, {DType::kF32, 7}, {DType::kQ4_K, 20},
+      {DType::kQ4_0, 33}};
+  std::vector<std::vector<uint8_t>> wbytes;
+  std::vector<TensorView> ws;
+  for (const auto& [t, n] : specs) wbytes.push_back(random_weights(t, n, k, rng_));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ws.push_back({specs[i].first, {specs[i].second, k}, wbytes[i].data(), wbytes[i].size()});
+  }
+  backend_->prepare_matmul_weight(ws[0]);
+  backend_->prepare_matmul_weight(ws[1]);
+  std::vector<float> bias = random_floats(specs[1].second, rng_);
+  const TensorView bias_view{DType::kF32, {specs[1].second}, bias.data(), bias.size() * 4};
+  for (int64_t n_tokens : {1, 5, 29}) {
+    SCOPED_TRACE("tokens=" + std::to_string(n_tokens));
+    std::vector<float> x = random_floats(n_tokens * k, rng_);
+    std::vector<std::vector<float>> want, got;
+    std::vector<MatmulTarget> targets;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      want.emplace_back(n_tokens * specs[i].second);
+      got.emplace_back(n_tokens * specs[i].second, NAN);
+      const TensorView* b = i == 1 ? &bias_view : nullptr;
+      backend_->matmul(ws[i], b, x.data(), n_tokens, want[i].data());
+      targets.push_back({&ws[i], b, got[i].data()});
+    }
+    backend_->matmul_many(x.data(), n_tokens, targets.data(), static_cast<int>(targets.size()));
+    for (size_t i = 0; i < ws.size(); ++i) {
+      EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
+          << dtype_name(specs[i].first);
+    }
+  }
+}
+
 TEST_P(BackendOpsTest, MatmulManyRows) {
   // More rows than one task takes, so the split over the pool is exercised.
   check_matmul(*backend_, DType::kQ4_1, 1000, 64, 1, false, rng_);

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -26,8 +27,12 @@ class CpuBackend final : public Backend {
   CpuIsa isa() const { return kernels_.isa; }
   int n_threads() const { return pool_.n_threads(); }
 
+  // matmul, matmul_many and prepare_matmul_weight are in matmul.cc.
   void matmul(const TensorView& w, const TensorView* bias, const float* x, int64_t n_tokens,
               float* y) override;
+  void matmul_many(const float* x, int64_t n_tokens, const MatmulTarget* targets,
+                   int n_targets) override;
+  void prepare_matmul_weight(const TensorView& w) override;
   void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
                 float* out) override;
   void rms_norm(const float* x, const TensorView& weight, float eps, int64_t n_tokens,
@@ -53,11 +58,23 @@ class CpuBackend final : public Backend {
   // F32 tensors are returned in place.
   const float* as_f32(const TensorView& t, ScratchBuffer& buf);
 
+  // A weight's packed copy (KernelTable::pack_weight), keyed by the original's data.
+  struct PackedWeight {
+    DType dtype;
+    int64_t n_rows, k;
+    ScratchBuffer storage;
+    const uint8_t* panels;
+  };
+  // The packed copy made for a view of w's data, dtype and shape; null if none.
+  const uint8_t* packed_for(const TensorView& w) const;
+
   const KernelTable& kernels_;
   std::string name_;
   ThreadPool pool_;
-  ScratchBuffer act_;                       // quantised activations of one matmul
-  ScratchBuffer act_tiles_;                 // the same in tiles, for batched kernels
+  std::unordered_map<const void*, PackedWeight> packed_;  // see prepare_matmul_weight
+  ScratchBuffer act_rows_[3];               // quantised activations, per ActFormat
+  ScratchBuffer act_tiles_;                 // Q8x32 activations in tiles (batched kernels)
+  ScratchBuffer matmul_tasks_;              // matmul_many's task list
   ScratchBuffer param_;                     // float copies of norm weights / biases
   std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
 

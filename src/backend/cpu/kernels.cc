@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "base/check.h"
 
@@ -46,6 +47,19 @@ void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile,
     std::memcpy(blk + 4 * (10 * tile + j), &off[0], 4);
     std::memcpy(blk + 4 * (11 * tile + j), &off[1], 4);
   }
+}
+
+void q8x32_quantize_to_tiles_generic(const float* x, int64_t k, int64_t t, int64_t tile,
+                                     uint8_t* tiles) {
+  // A row on the stack for the usual k; larger rows take the heap (rare: no level
+  // without its own fused quantiser has batched kernels).
+  constexpr int64_t kStackRow = 4096;
+  const int64_t bytes = act_row_bytes(ActFormat::kQ8x32, k);
+  alignas(64) uint8_t stack_row[kStackRow];
+  std::vector<uint8_t> heap_row(bytes > kStackRow ? bytes : 0);
+  uint8_t* row = bytes > kStackRow ? heap_row.data() : stack_row;
+  kernels_scalar().quantize_q8x32(x, k, row);
+  q8x32_copy_to_tiles(row, k, t, tile, tiles);
 }
 
 const KernelTable& kernels_for(CpuIsa isa) {

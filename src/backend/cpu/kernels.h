@@ -102,6 +102,31 @@ using MatmulBatchFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t*
 // per row and 32-element block (kernels_avx512_gemm.h).
 static constexpr int64_t matmul_batched_scratch_bytes(int64_t k) { return (k / 32) * 640; }
 
+// A level's own layout of a weight matrix for its batched kernel ("packed"), made
+// once when a model is loaded so that no call repacks: panels of kMatmulPackRows
+// rows, one after another, each matmul_packed_panel_bytes(k) bytes (padding rows of
+// the last panel compute zeros). The packed kernel gives the same results, bit for
+// bit, as the batched kernel on the original rows.
+inline constexpr int64_t kMatmulPackRows = 16;
+// Writes the packed form of w[n_rows, k] (rows w_stride bytes apart) to `out`:
+// ceil(n_rows / kMatmulPackRows) panels.
+using PackWeightFn = void (*)(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t k,
+                              uint8_t* out);
+// As MatmulBatchFn for rows [0, n_rows) of a packed matrix (`packed` at a panel).
+using MatmulPackedFn = void (*)(const uint8_t* packed, const uint8_t* x_tiles, int64_t k,
+                                int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride);
+struct PackedLayout {
+  int64_t block_bytes = 0;  // bytes per panel and 32-element block; 0: no packed form
+  int64_t panel_bytes(int64_t k) const { return k / 32 * block_bytes; }
+};
+
+// Quantises x[k] as token t straight into `tiles` (tile width `tile`): the same bytes
+// as quantize_q8x32 followed by q8x32_copy_to_tiles.
+using QuantizeTilesFn = void (*)(const float* x, int64_t k, int64_t t, int64_t tile,
+                                 uint8_t* tiles);
+void q8x32_quantize_to_tiles_generic(const float* x, int64_t k, int64_t t, int64_t tile,
+                                     uint8_t* tiles);
+
 inline constexpr int kNumDTypes = 9;
 
 // One step of online-softmax attention (paged_attention.cc): n_q queries that share
@@ -138,6 +163,11 @@ struct KernelTable {
   MatmulBatchFn matmul_batched[kNumDTypes];
   int64_t matmul_batched_min_tokens;
   int64_t matmul_batched_tile;  // tokens per activation tile
+  QuantizeTilesFn quantize_q8x32_tiles;  // activations for matmul_batched / matmul_packed
+  // Optional packed forms (see PackWeightFn), per DType; null where a level has none.
+  PackWeightFn pack_weight[kNumDTypes];
+  MatmulPackedFn matmul_packed[kNumDTypes];
+  PackedLayout packed_layout[kNumDTypes];
 
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x

@@ -26,9 +26,11 @@
 // invariance), and the model's outputs are unchanged. The cost is 8 accumulators per
 // row and token instead of one, kept in memory between block chains.
 //
-// A panel is repacked once per call (and token block) into per-thread scratch and
-// reused for every token; a single token (decode) takes the transposed vectors
-// straight from the reader instead.
+// Weights a model prepared at load (CpuBackend::prepare_matmul_weight) are already
+// transposed ("packed", PackedPanel): the kernels read them as they stream, one
+// contiguous run per panel. Other weights are repacked once per call (and token
+// block) into per-thread scratch and reused for every token; a single token (decode)
+// takes the transposed vectors straight from the reader instead.
 #pragma once
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
@@ -64,9 +66,16 @@ inline __m512i panel_row_index() {
 // Weight-block traits. kQsOffset: bytes from the block start to qs; the block's first
 // 32-bit word holds the f16 d (low half) and, for Q4_1, the f16 m. kOffsetIndex: which
 // of the tile's per-block offset sums (kernels.h) makes the integer dot signed.
+//
+// Packed form, per panel and block: the transposed weight vectors (Q4: the 4 vectors
+// of nibble pairs, unpacked as they are loaded; Q8_0: the 8 vectors of u = q + 128),
+// then the 16 lanes' d and (Q4_1) m as f16 in lane order: kPackedBlockBytes, the d
+// at kPackedHeadOffset. (The same size as the original rows, give or take padding.)
 struct PanelQ8_0 {
   using Block = block_q8_0;
   static constexpr int kQsOffset = 2;
+  static constexpr int64_t kPackedBlockBytes = 576;
+  static constexpr int64_t kPackedHeadOffset = 512;
   static constexpr bool kNibbles = false;
   static constexpr bool kHasMin = false;
   static constexpr int kOffsetIndex = 1;  // -128 sum(q)
@@ -74,6 +83,8 @@ struct PanelQ8_0 {
 struct PanelQ4_0 {
   using Block = block_q4_0;
   static constexpr int kQsOffset = 2;
+  static constexpr int64_t kPackedBlockBytes = 320;
+  static constexpr int64_t kPackedHeadOffset = 256;
   static constexpr bool kNibbles = true;
   static constexpr bool kHasMin = false;
   static constexpr int kOffsetIndex = 0;  // -8 sum(q)
@@ -81,6 +92,8 @@ struct PanelQ4_0 {
 struct PanelQ4_1 {
   using Block = block_q4_1;
   static constexpr int kQsOffset = 4;
+  static constexpr int64_t kPackedBlockBytes = 320;
+  static constexpr int64_t kPackedHeadOffset = 256;
   static constexpr bool kNibbles = true;
   static constexpr bool kHasMin = true;
   static constexpr int kOffsetIndex = -1;  // unsigned weights: no offset
@@ -153,14 +166,44 @@ class PanelReader {
       transpose_16x4(rows_, blk + Traits::kQsOffset + 16, t);
       for (int j = 0; j < 4; ++j) u[4 + j] = _mm512_xor_si512(t[j], bias);
     }
-    const __m512i head =
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid_, head_offsets_, w_ + blk, 1);
-    *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-    *m = Traits::kHasMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+    const __m512i h = head(blk);
+    *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    *m = Traits::kHasMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)))
                          : _mm512_setzero_ps();
   }
 
+  // Writes block b in the packed form (Traits' kPackedBlockBytes at `out`, 64-byte
+  // aligned).
+  void pack(int64_t b, uint8_t* out) const {
+    const int64_t blk = b * static_cast<int64_t>(sizeof(Block));
+    __m512i t[4];
+    transpose_16x4(rows_, blk + Traits::kQsOffset, t);
+    if constexpr (Traits::kNibbles) {
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(out + 64 * j, t[j]);
+    } else {
+      const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));  // q + 128
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(out + 64 * j, _mm512_xor_si512(t[j], bias));
+      transpose_16x4(rows_, blk + Traits::kQsOffset + 16, t);
+      for (int j = 0; j < 4; ++j) {
+        _mm512_store_si512(out + 64 * (4 + j), _mm512_xor_si512(t[j], bias));
+      }
+    }
+    const __m512i h = head(blk);
+    uint8_t* head_out = out + Traits::kPackedHeadOffset;
+    _mm256_store_si256(reinterpret_cast<__m256i*>(head_out), _mm512_cvtepi32_epi16(h));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(head_out + 32),
+                       Traits::kHasMin ? _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))
+                                       : _mm256_setzero_si256());
+  }
+
  private:
+  // The first 32-bit word of each row's block at byte offset blk (f16 d, Q4_1's f16 m
+  // above it), in lane order; zero in the lanes of missing rows.
+  __m512i head(int64_t blk) const {
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid_, head_offsets_, w_ + blk,
+                                       1);
+  }
+
   const uint8_t* w_;
   const uint8_t* rows_[kPanelRows];
   int64_t nb_;
@@ -168,6 +211,66 @@ class PanelReader {
   int64_t next_bytes_;
   __mmask16 valid_;
   __m512i head_offsets_;
+};
+
+// Reads a panel that repack_panel left in scratch: the weights unpacked, d and m as
+// floats.
+// Panels (ScratchPanel, PackedPanel) give a block's weight vector of group g
+// (group(b, g)) and its d and m (scales(b, ...)) separately, so the tile kernel can
+// load each vector just before its vpdpbusd run: a tile's 12 int32 sums and 12
+// float accumulators then leave room for it in the 32 registers.
+struct ScratchPanel {
+  const uint8_t* panel;
+  void prefetch(int64_t) const {}
+  __m512i group(int64_t b, int g) const {
+    return _mm512_load_si512(panel + b * kPanelBlockBytes + 64 * g);
+  }
+  void scales(int64_t b, __m512* d, __m512* m) const {
+    const uint8_t* pb = panel + b * kPanelBlockBytes;
+    *d = _mm512_load_ps(reinterpret_cast<const float*>(pb + 512));
+    *m = _mm512_load_ps(reinterpret_cast<const float*>(pb + 576));
+  }
+};
+
+// Reads a panel of a packed weight (PanelReader::pack): nibbles unpacked and f16
+// scales widened as they are loaded, which costs a few instructions per block next
+// to the block's 8 vpdpbusd per token and keeps the packed weight as small as the
+// original.
+//
+// Each block read also prefetches the same block of the next panel (`next`: panels are
+// contiguous), so the next panel is in cache when the kernel gets there; the stride of
+// the lane chains (8 blocks) defeats the hardware prefetcher on the first pass.
+template <typename Traits>
+struct PackedPanel {
+  const uint8_t* panel;
+  const uint8_t* next;
+  void prefetch(int64_t b) const {
+    for (int64_t i = 0; i < Traits::kPackedBlockBytes; i += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + b * Traits::kPackedBlockBytes + i),
+                   kPrefetchHint);
+    }
+  }
+  __m512i group(int64_t b, int g) const {
+    const uint8_t* pb = panel + b * Traits::kPackedBlockBytes;
+    if constexpr (Traits::kNibbles) {  // low nibbles: elements 4g.., high: 16 + 4(g - 4)..
+      const __m512i t = _mm512_load_si512(pb + 64 * (g % 4));
+      return _mm512_and_si512(g < 4 ? t : _mm512_srli_epi32(t, 4), _mm512_set1_epi8(0x0F));
+    } else {
+      return _mm512_load_si512(pb + 64 * g);
+    }
+  }
+  void block(int64_t b, __m512i u[8], __m512* d, __m512* m) const {
+    prefetch(b);
+    for (int g = 0; g < 8; ++g) u[g] = group(b, g);
+    scales(b, d, m);
+  }
+  void scales(int64_t b, __m512* d, __m512* m) const {
+    const uint8_t* head = panel + b * Traits::kPackedBlockBytes + Traits::kPackedHeadOffset;
+    *d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head)));
+    *m = Traits::kHasMin
+             ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head + 32)))
+             : _mm512_setzero_ps();
+  }
 };
 
 template <typename Traits>
@@ -210,10 +313,20 @@ struct TileBlock {
 // are left, and adds a shorter tail block by block (single()).
 inline int64_t grouped_blocks(int64_t nb) { return nb % 8 >= 4 ? nb : nb - nb % 8; }
 
-// Adds block b of NT tokens to acc (lane b % 8 of Q32Kernel::group).
-template <typename Traits, int NT>
-inline void grouped_block(const __m512i* u, __m512 d, __m512 m, const uint8_t* xb,
-                          __m512 (&acc)[NT]) {
+// A block already in registers, as a panel (for grouped_block).
+struct BlockInRegisters {
+  const __m512i* u;
+  __m512 d, m;
+  __m512i group(int64_t, int g) const { return u[g]; }
+  void scales(int64_t, __m512* d_out, __m512* m_out) const {
+    *d_out = d;
+    *m_out = m;
+  }
+};
+
+// Adds block b of `panel` for NT tokens to acc (lane b % 8 of Q32Kernel::group).
+template <typename Traits, int NT, typename Panel>
+inline void grouped_block(const Panel& panel, int64_t b, const uint8_t* xb, __m512 (&acc)[NT]) {
   __m512i isum[NT];
   for (int t = 0; t < NT; ++t) {
     isum[t] = Traits::kOffsetIndex >= 0 ? broadcast_i32(TileBlock::offset(xb, Traits::kOffsetIndex, t))
@@ -221,10 +334,13 @@ inline void grouped_block(const __m512i* u, __m512 d, __m512 m, const uint8_t* x
   }
 #pragma GCC unroll 8
   for (int g = 0; g < 8; ++g) {
+    const __m512i u = panel.group(b, g);
     for (int t = 0; t < NT; ++t) {
-      isum[t] = _mm512_dpbusd_epi32(isum[t], u[g], broadcast_i32(TileBlock::qs(xb, g, t)));
+      isum[t] = _mm512_dpbusd_epi32(isum[t], u, broadcast_i32(TileBlock::qs(xb, g, t)));
     }
   }
+  __m512 d, m;
+  panel.scales(b, &d, &m);
   for (int t = 0; t < NT; ++t) {
     const __m512 scale = _mm512_mul_ps(d, broadcast_f32(TileBlock::d(xb, t)));
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scale, acc[t]);
@@ -270,41 +386,36 @@ inline void store_rows(__m512 (*acc8)[NT], float* y, int64_t y_stride, __mmask16
   }
 }
 
-// y[t * y_stride + r] = row r of the repacked panel . token t of the activation tile,
-// for t < NT and rows r where store_mask has bit r (rows in order).
-template <typename Traits, int NT>
-void panel_tile(const uint8_t* panel, int64_t nb, const uint8_t* tile, float* y,
+// y[t * y_stride + r] = row r of the panel . token t of the activation tile, for
+// t < NT and rows r where store_mask has bit r (rows in order). Panel: ScratchPanel
+// or PackedPanel.
+template <typename Traits, int NT, typename Panel>
+void panel_tile(const Panel& panel, int64_t nb, const uint8_t* tile, float* y,
                 int64_t y_stride, __mmask16 store_mask) {
-  auto weights = [&](int64_t b, __m512i* u, __m512* d, __m512* m) {
-    const uint8_t* pb = panel + b * kPanelBlockBytes;
-    for (int g = 0; g < 8; ++g) u[g] = _mm512_load_si512(pb + 64 * g);
-    *d = _mm512_load_ps(reinterpret_cast<const float*>(pb + 512));
-    *m = _mm512_load_ps(reinterpret_cast<const float*>(pb + 576));
-  };
   alignas(64) __m512 acc8[8][NT];
   const int64_t n_grouped = grouped_blocks(nb);
   for (int lane = 0; lane < 8; ++lane) {  // the chain of blocks lane, lane + 8, ...
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = lane; b < n_grouped; b += 8) {
-      __m512i u[8];
-      __m512 d, m;
-      weights(b, u, &d, &m);
-      grouped_block<Traits, NT>(u, d, m, tile + b * TileBlock::kBytes, acc);
+      panel.prefetch(b);
+      grouped_block<Traits, NT>(panel, b, tile + b * TileBlock::kBytes, acc);
     }
     for (int t = 0; t < NT; ++t) acc8[lane][t] = acc[t];
   }
   for (int64_t b = n_grouped; b < nb; ++b) {
     __m512i u[8];
     __m512 d, m;
-    weights(b, u, &d, &m);
+    panel.prefetch(b);
+    for (int g = 0; g < 8; ++g) u[g] = panel.group(b, g);
+    panel.scales(b, &d, &m);
     tail_block<Traits, NT>(u, d, m, tile + b * TileBlock::kBytes, acc8);
   }
   store_rows<NT>(acc8, y, y_stride, store_mask);
 }
 
-template <typename Traits, int NT>
-void panel_tile_any(int nt, const uint8_t* panel, int64_t nb, const uint8_t* tile, float* y,
+template <typename Traits, int NT, typename Panel>
+void panel_tile_any(int nt, const Panel& panel, int64_t nb, const uint8_t* tile, float* y,
                     int64_t y_stride, __mmask16 store_mask) {
   if constexpr (NT >= 1) {
     if (nt == NT) {
@@ -315,10 +426,10 @@ void panel_tile_any(int nt, const uint8_t* panel, int64_t nb, const uint8_t* til
   }
 }
 
-// One token (decode): the weights straight from the reader, no scratch round trip;
-// the 8 lane accumulators fit in registers.
-template <typename Traits>
-void panel_single(const PanelReader<Traits>& reader, int64_t nb, const uint8_t* tile, float* y,
+// One token (decode): the weights straight from the reader (PanelReader or
+// PackedPanel), no scratch round trip; the 8 lane accumulators fit in registers.
+template <typename Traits, typename Reader>
+void panel_single(const Reader& reader, int64_t nb, const uint8_t* tile, float* y,
                   __mmask16 store_mask) {
   __m512 acc8[8][1];
   for (int lane = 0; lane < 8; ++lane) acc8[lane][0] = _mm512_setzero_ps();
@@ -329,7 +440,7 @@ void panel_single(const PanelReader<Traits>& reader, int64_t nb, const uint8_t* 
     reader.block(b, u, &d, &m);
     const uint8_t* xb = tile + b * TileBlock::kBytes;
     if (b < n_grouped) {
-      grouped_block<Traits, 1>(u, d, m, xb, acc8[b % 8]);
+      grouped_block<Traits, 1>(BlockInRegisters{u, d, m}, b, xb, acc8[b % 8]);
     } else {
       tail_block<Traits, 1>(u, d, m, xb, acc8);
     }
@@ -351,17 +462,94 @@ void matmul_q32_batched(const uint8_t* w, size_t w_stride, const uint8_t* x_tile
                                      w + (r0 + nr) * w_stride,
                                      next_rows * static_cast<int64_t>(w_stride));
     if (n_tokens == 1) {
-      panel_single(reader, nb, x_tiles, y + r0, store_mask);
+      panel_single<Traits>(reader, nb, x_tiles, y + r0, store_mask);
       continue;
     }
     repack_panel(reader, nb, scratch);
+    const ScratchPanel panel{scratch};
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
       const int nt = static_cast<int>(n_tokens - t0 < kPanelTokens ? n_tokens - t0 : kPanelTokens);
-      panel_tile_any<Traits, kPanelTokens>(nt, scratch, nb,
+      panel_tile_any<Traits, kPanelTokens>(nt, panel, nb,
                                            x_tiles + t0 / kPanelTokens * tile_bytes,
                                            y + t0 * y_stride + r0, y_stride, store_mask);
     }
   }
+}
+
+// QuantizeTilesFn at 512 bits: quantize_q8x32_tiles_x86 (kernels_x86_impl.h) with a
+// block's 32 values in two registers. The same bytes: the max is exact in any order,
+// the scale, products and round-to-nearest-even conversions are the same operations,
+// and saturating straight to int8 equals saturating to int16 first.
+inline void quantize_q8x32_tiles_avx512(const float* x, int64_t k, int64_t t, int64_t tile,
+                                        uint8_t* tiles) {
+  const int64_t block_bytes = q8x32_tile_block_bytes(tile);
+  uint8_t* base = tiles + t / tile * (k / 32) * block_bytes + 4 * (t % tile);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * b);
+    const __m512 x1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 idv = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, idv));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, idv));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    alignas(16) int32_t groups[8];  // group g: elements 4g..4g+3 as int8
+    _mm_store_si128(reinterpret_cast<__m128i*>(groups), _mm512_cvtsepi32_epi8(q0));
+    _mm_store_si128(reinterpret_cast<__m128i*>(groups + 4), _mm512_cvtsepi32_epi8(q1));
+    uint8_t* slot = base + b * block_bytes;  // this token's slot in row 0 of the block
+    for (int64_t g = 0; g < 8; ++g) std::memcpy(slot + 4 * g * tile, &groups[g], 4);
+    const float s = d * static_cast<float>(sum);
+    const int32_t off[2] = {-8 * sum, -128 * sum};
+    std::memcpy(slot + 4 * 8 * tile, &d, 4);
+    std::memcpy(slot + 4 * 9 * tile, &s, 4);
+    std::memcpy(slot + 4 * 10 * tile, &off[0], 4);
+    std::memcpy(slot + 4 * 11 * tile, &off[1], 4);
+  }
+}
+
+// PackWeightFn: every panel of w in the packed form.
+template <typename Traits>
+void pack_weight_q32(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t k, uint8_t* out) {
+  const int64_t nb = k / 32;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
+    const int nr = static_cast<int>(n_rows - r0 < kPanelRows ? n_rows - r0 : kPanelRows);
+    const PanelReader<Traits> reader(w + r0 * w_stride, w_stride, nr, nb, nullptr, 0);
+    uint8_t* panel = out + r0 / kPanelRows * nb * Traits::kPackedBlockBytes;
+    for (int64_t b = 0; b < nb; ++b) reader.pack(b, panel + b * Traits::kPackedBlockBytes);
+  }
+}
+
+// MatmulPackedFn: matmul_q32_batched over packed panels.
+template <typename Traits>
+void matmul_q32_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
+                       int64_t n_tokens, float* y, int64_t y_stride) {
+  const int64_t nb = k / 32;
+  const int64_t tile_bytes = nb * TileBlock::kBytes;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
+    const int nr = static_cast<int>(n_rows - r0 < kPanelRows ? n_rows - r0 : kPanelRows);
+    const __mmask16 store_mask = static_cast<__mmask16>((1u << nr) - 1);
+    const uint8_t* p = packed + r0 / kPanelRows * nb * Traits::kPackedBlockBytes;
+    const PackedPanel<Traits> panel{p, p + nb * Traits::kPackedBlockBytes};
+    if (n_tokens == 1) {
+      panel_single<Traits>(panel, nb, x_tiles, y + r0, store_mask);
+      continue;
+    }
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
+      const int nt = static_cast<int>(n_tokens - t0 < kPanelTokens ? n_tokens - t0 : kPanelTokens);
+      panel_tile_any<Traits, kPanelTokens>(nt, panel, nb,
+                                           x_tiles + t0 / kPanelTokens * tile_bytes,
+                                           y + t0 * y_stride + r0, y_stride, store_mask);
+    }
+  }
+}
+
+template <typename Traits>
+void add_packed(KernelTable& t, DType dtype) {
+  const int i = static_cast<int>(dtype);
+  t.pack_weight[i] = pack_weight_q32<Traits>;
+  t.matmul_packed[i] = matmul_q32_packed<Traits>;
+  t.packed_layout[i].block_bytes = Traits::kPackedBlockBytes;
 }
 
 // Installs the batched kernels into an AVX-512 table. They serve every token count:
@@ -372,6 +560,10 @@ inline void add_avx512_batched(KernelTable& t) {
   t.matmul_batched[static_cast<int>(DType::kQ4_1)] = matmul_q32_batched<PanelQ4_1>;
   t.matmul_batched_min_tokens = 1;
   t.matmul_batched_tile = kPanelTokens;
+  t.quantize_q8x32_tiles = quantize_q8x32_tiles_avx512;
+  add_packed<PanelQ8_0>(t, DType::kQ8_0);
+  add_packed<PanelQ4_0>(t, DType::kQ4_0);
+  add_packed<PanelQ4_1>(t, DType::kQ4_1);
 }
 
 }  // namespace

@@ -297,6 +297,7 @@ KernelTable make_table() {
   t.isa = CpuIsa::kScalar;
   t.quantize_q8x32 = quantize_q8x32;
   t.quantize_q8x256 = quantize_q8x256;
+  t.quantize_q8x32_tiles = q8x32_quantize_to_tiles_generic;
   t.matmul[static_cast<int>(DType::kF32)] = matmul_tile<DType::kF32>;
   t.matmul[static_cast<int>(DType::kF16)] = matmul_tile<DType::kF16>;
   t.matmul[static_cast<int>(DType::kBF16)] = matmul_tile<DType::kBF16>;

@@ -137,6 +137,28 @@ void quantize_q8x32_x86(const float* x, int64_t k, uint8_t* out) {
   }
 }
 
+// quantize_q8x32_x86 + q8x32_copy_to_tiles in one pass: each block's 32 values are
+// quantised once and written straight to their tile slots (kernels.h's layout).
+void quantize_q8x32_tiles_x86(const float* x, int64_t k, int64_t t, int64_t tile,
+                              uint8_t* tiles) {
+  const int64_t block_bytes = q8x32_tile_block_bytes(tile);
+  uint8_t* base = tiles + t / tile * (k / 32) * block_bytes;
+  const int64_t j = t % tile;
+  alignas(32) int8_t qs[32];
+  for (int64_t b = 0; b < k / 32; ++b) {
+    uint8_t* blk = base + b * block_bytes;
+    int sum = 0;
+    const float d = quantize_span(x + 32 * b, 4, qs, &sum);
+    const float s = d * static_cast<float>(sum);
+    const int32_t off[2] = {-8 * sum, -128 * sum};
+    for (int64_t g = 0; g < 8; ++g) std::memcpy(blk + 4 * (g * tile + j), qs + 4 * g, 4);
+    std::memcpy(blk + 4 * (8 * tile + j), &d, 4);
+    std::memcpy(blk + 4 * (9 * tile + j), &s, 4);
+    std::memcpy(blk + 4 * (10 * tile + j), &off[0], 4);
+    std::memcpy(blk + 4 * (11 * tile + j), &off[1], 4);
+  }
+}
+
 void quantize_q8x256_x86(const float* x, int64_t k, uint8_t* out) {
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float* d = reinterpret_cast<float*>(out + round_up(k, kActAlign));
@@ -856,6 +878,7 @@ KernelTable make_x86_table(CpuIsa isa) {
   t.isa = isa;
   t.quantize_q8x32 = quantize_q8x32_x86;
   t.quantize_q8x256 = quantize_q8x256_x86;
+  t.quantize_q8x32_tiles = quantize_q8x32_tiles_x86;
   t.matmul[static_cast<int>(DType::kF32)] = matmul_tiles<FloatKernel<DType::kF32>>;
   t.matmul[static_cast<int>(DType::kF16)] = matmul_tiles<FloatKernel<DType::kF16>>;
   t.matmul[static_cast<int>(DType::kBF16)] = matmul_tiles<FloatKernel<DType::kBF16>>;
