@@ -150,6 +150,12 @@ void CpuBackend::matmul_many(const float* x, int64_t n_tokens, const MatmulTarge
     };
     if (n_tokens * k < kParallelQuantizeValues) {
       quantize_tokens(0, n_tokens, 0);
+    } else if (tiles != nullptr) {
+      // Whole tiles per thread: a tile's tokens share cache lines (4 bytes each per
+      // group), and two threads writing one line would pass it back and forth.
+      pool_.parallel_for((n_tokens + tile - 1) / tile, 1, [&](int64_t begin, int64_t end, int) {
+        quantize_tokens(begin * tile, std::min(n_tokens, end * tile), 0);
+      });
     } else {
       pool_.parallel_for(n_tokens, 1, quantize_tokens);
     }
