@@ -33,19 +33,12 @@ void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile,
   const Q8x32Row r = q8x32_row(row, k);
   const int64_t nb = k / 32;
   const int64_t block_bytes = q8x32_tile_block_bytes(tile);
-  uint8_t* base = tiles + t / tile * nb * block_bytes;
-  const int64_t j = t % tile;
+  uint8_t* base = tiles + t / tile * nb * block_bytes + 4 * (t % tile);
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* blk = base + b * block_bytes;
     const int8_t* qs = r.qs + 32 * b;
-    for (int64_t g = 0; g < 8; ++g) std::memcpy(blk + 4 * (g * tile + j), qs + 4 * g, 4);
     int32_t sum = 0;
     for (int i = 0; i < 32; ++i) sum += qs[i];
-    const int32_t off[2] = {-8 * sum, -128 * sum};
-    std::memcpy(blk + 4 * (8 * tile + j), r.d + b, 4);
-    std::memcpy(blk + 4 * (9 * tile + j), r.s + b, 4);
-    std::memcpy(blk + 4 * (10 * tile + j), &off[0], 4);
-    std::memcpy(blk + 4 * (11 * tile + j), &off[1], 4);
+    store_q8x32_tile_slot(base + b * block_bytes, tile, qs, r.d[b], r.s[b], sum);
   }
 }
 

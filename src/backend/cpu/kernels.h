@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cpu/cpu_isa.h"
 #include "tensor/dtype.h"
@@ -86,6 +87,17 @@ using MatmulTileFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* 
 static constexpr int64_t q8x32_tile_block_bytes(int64_t tile) { return 48 * tile; }
 static constexpr int64_t q8x32_tiles_bytes(int64_t k, int64_t n_tokens, int64_t tile) {
   return (n_tokens + tile - 1) / tile * (k / 32) * q8x32_tile_block_bytes(tile);
+}
+// Writes one token's slot of one block of a tile (layout above): `slot` is the
+// token's place in the block's first row, blk + 4 * (t % T); qs the block's 32 values.
+inline void store_q8x32_tile_slot(uint8_t* slot, int64_t tile, const int8_t* qs, float d,
+                                  float s, int32_t sum) {
+  const int32_t off[2] = {-8 * sum, -128 * sum};
+  for (int64_t g = 0; g < 8; ++g) std::memcpy(slot + 4 * g * tile, qs + 4 * g, 4);
+  std::memcpy(slot + 4 * 8 * tile, &d, 4);
+  std::memcpy(slot + 4 * 9 * tile, &s, 4);
+  std::memcpy(slot + 4 * 10 * tile, &off[0], 4);
+  std::memcpy(slot + 4 * 11 * tile, &off[1], 4);
 }
 // Copies token t's Q8x32 row (act_row_bytes(kQ8x32, k) bytes at `row`) into `tiles`.
 void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile, uint8_t* tiles);

@@ -497,14 +497,8 @@ inline void quantize_q8x32_tiles_avx512(const float* x, int64_t k, int64_t t, in
     alignas(16) int32_t groups[8];  // group g: elements 4g..4g+3 as int8
     _mm_store_si128(reinterpret_cast<__m128i*>(groups), _mm512_cvtsepi32_epi8(q0));
     _mm_store_si128(reinterpret_cast<__m128i*>(groups + 4), _mm512_cvtsepi32_epi8(q1));
-    uint8_t* slot = base + b * block_bytes;  // this token's slot in row 0 of the block
-    for (int64_t g = 0; g < 8; ++g) std::memcpy(slot + 4 * g * tile, &groups[g], 4);
-    const float s = d * static_cast<float>(sum);
-    const int32_t off[2] = {-8 * sum, -128 * sum};
-    std::memcpy(slot + 4 * 8 * tile, &d, 4);
-    std::memcpy(slot + 4 * 9 * tile, &s, 4);
-    std::memcpy(slot + 4 * 10 * tile, &off[0], 4);
-    std::memcpy(slot + 4 * 11 * tile, &off[1], 4);
+    store_q8x32_tile_slot(base + b * block_bytes, tile, reinterpret_cast<const int8_t*>(groups),
+                          d, d * static_cast<float>(sum), sum);
   }
 }
 

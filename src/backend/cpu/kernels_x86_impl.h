@@ -142,20 +142,12 @@ void quantize_q8x32_x86(const float* x, int64_t k, uint8_t* out) {
 void quantize_q8x32_tiles_x86(const float* x, int64_t k, int64_t t, int64_t tile,
                               uint8_t* tiles) {
   const int64_t block_bytes = q8x32_tile_block_bytes(tile);
-  uint8_t* base = tiles + t / tile * (k / 32) * block_bytes;
-  const int64_t j = t % tile;
+  uint8_t* base = tiles + t / tile * (k / 32) * block_bytes + 4 * (t % tile);
   alignas(32) int8_t qs[32];
   for (int64_t b = 0; b < k / 32; ++b) {
-    uint8_t* blk = base + b * block_bytes;
     int sum = 0;
     const float d = quantize_span(x + 32 * b, 4, qs, &sum);
-    const float s = d * static_cast<float>(sum);
-    const int32_t off[2] = {-8 * sum, -128 * sum};
-    for (int64_t g = 0; g < 8; ++g) std::memcpy(blk + 4 * (g * tile + j), qs + 4 * g, 4);
-    std::memcpy(blk + 4 * (8 * tile + j), &d, 4);
-    std::memcpy(blk + 4 * (9 * tile + j), &s, 4);
-    std::memcpy(blk + 4 * (10 * tile + j), &off[0], 4);
-    std::memcpy(blk + 4 * (11 * tile + j), &off[1], 4);
+    store_q8x32_tile_slot(base + b * block_bytes, tile, qs, d, d * static_cast<float>(sum), sum);
   }
 }
 
