@@ -83,6 +83,12 @@ class Backend {
   // replaces the copy. Default: nothing (weights are read in place).
   virtual void prepare_matmul_weight(const TensorView& w) { (void)w; }
 
+  // Optional: the host threads this backend computes with, for host-side work between
+  // its operations (sampling the step's logits) on the thread that drives the backend.
+  // Sharing them keeps that work from competing with the backend's threads for cores.
+  // Default: none (null); the caller then works on its own thread.
+  virtual ThreadPool* host_thread_pool() { return nullptr; }
+
   // out[i] = table[ids[i]] as float: out[n_ids, row_length].
   virtual void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
                         float* out) = 0;

@@ -9,7 +9,8 @@
 namespace dserve {
 
 Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
-                                                     const EngineConfig& config_in) {
+                                                     const EngineConfig& config_in,
+                                                     ThreadPool* sampling_pool) {
   EngineConfig config = config_in;
   const ModelInfo& info = model.info();
   if (config.max_model_len == 0) {
@@ -76,16 +77,17 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
       config.max_num_seqs, config.max_num_batched_tokens,
       config.enable_prefix_caching ? "on" : "off");
   return std::unique_ptr<LlmEngine>(
-      new LlmEngine(model, config, std::move(scheduler), std::move(cache)));
+      new LlmEngine(model, config, std::move(scheduler), std::move(cache), sampling_pool));
 }
 
 LlmEngine::LlmEngine(CausalLm& model, const EngineConfig& config,
-                     std::unique_ptr<sched::Scheduler> s, std::unique_ptr<PagedCache> cache)
+                     std::unique_ptr<sched::Scheduler> s, std::unique_ptr<PagedCache> cache,
+                     ThreadPool* sampling_pool)
     : model_(model),
       config_(config),
       scheduler_(std::move(s)),
       cache_(std::move(cache)),
-      sampler_(nullptr),
+      sampler_(sampling_pool),
       entropy_(config.seed ? *config.seed : std::random_device{}()) {
   eos_ids_ = model.info().eos_ids;
   for (int32_t id : config.extra_eos_ids) {

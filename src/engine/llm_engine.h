@@ -86,8 +86,12 @@ class LlmEngine {
  public:
   // Sizes the KV cache from config.kv_cache_memory (logs blocks and tokens) and fails
   // with a suggested value when one max_model_len-long request cannot fit. `model`
-  // (and its backend) must outlive the engine.
-  static Result<std::unique_ptr<LlmEngine>> create(CausalLm& model, const EngineConfig& config);
+  // (and its backend) must outlive the engine. sampling_pool (borrowed, may be null):
+  // threads to sample a step's sequences in parallel, normally the backend's own
+  // (Backend::host_thread_pool), idle while the engine samples; it must outlive the
+  // engine and be used only from the engine thread.
+  static Result<std::unique_ptr<LlmEngine>> create(CausalLm& model, const EngineConfig& config,
+                                                   ThreadPool* sampling_pool = nullptr);
   LlmEngine(const LlmEngine&) = delete;
   LlmEngine& operator=(const LlmEngine&) = delete;
 
@@ -116,7 +120,7 @@ class LlmEngine {
 
  private:
   LlmEngine(CausalLm& model, const EngineConfig& config, std::unique_ptr<sched::Scheduler> s,
-            std::unique_ptr<PagedCache> cache);
+            std::unique_ptr<PagedCache> cache, ThreadPool* sampling_pool);
 
   // The model runner: the plan as one ModelBatch, block tables updated from the plan.
   void build_batch(const sched::SchedulerOutput& plan);

@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
   void matmul_many(const float* x, int64_t n_tokens, const MatmulTarget* targets,
                    int n_targets) override;
   void prepare_matmul_weight(const TensorView& w) override;
+  ThreadPool* host_thread_pool() override { return &pool_; }
   void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
                 float* out) override;
   void rms_norm(const float* x, const TensorView& weight, float eps, int64_t n_tokens,
