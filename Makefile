@@ -101,6 +101,7 @@ test-py:
 
 bench: setup build
 	tools/bench_cpu.sh $(BUILD)/dserve $(DEFAULT_MODEL)
+	tools/bench_throughput.sh $(BUILD)/dserve $(DEFAULT_MODEL)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
