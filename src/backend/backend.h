@@ -82,6 +82,9 @@ class Backend {
   // and unchanged while the backend is used with it; preparing the same data again
   // replaces the copy. Default: nothing (weights are read in place).
   virtual void prepare_matmul_weight(const TensorView& w) { (void)w; }
+  // Bytes the copies made by prepare_matmul_weight hold (memory on top of the weights
+  // as loaded, which memory budgets must count). Default: 0.
+  virtual int64_t prepared_weight_bytes() const { return 0; }
 
   // Optional: the host threads this backend computes with, for host-side work between
   // its operations (sampling the step's logits) on the thread that drives the backend.

@@ -17,11 +17,13 @@ LLM::~LLM() = default;
 int64_t LLM::vocab_size() const { return model_->info().vocab_size; }
 
 // --gpu-memory-utilization on the CPU: of F x the machine's memory, the KV cache gets
-// what the weights and the working buffers leave. The buffers are estimated: the
+// what the weights (as loaded, plus the backend's prepared copies) and the working
+// buffers leave. The buffers are estimated: the
 // step's logits (max_num_seqs x vocab floats) plus 64 KiB of activations per batched
 // token, generous for the models served here.
 static Result<int64_t> kv_budget_from_utilization(const LlmOptions& o, const ModelInfo& info,
-                                                  int64_t weight_bytes) {
+                                                  int64_t loaded_bytes, int64_t prepared_bytes) {
+  const int64_t weight_bytes = loaded_bytes + prepared_bytes;
   const double f = o.gpu_memory_utilization;
   if (!(f > 0.0 && f <= 1.0)) {
     return invalid_argument("gpu_memory_utilization must be in (0, 1], got " + std::to_string(f));
@@ -32,9 +34,10 @@ static Result<int64_t> kv_budget_from_utilization(const LlmOptions& o, const Mod
   const int64_t allowed = static_cast<int64_t>(f * static_cast<double>(total));
   const int64_t kv = allowed - weight_bytes - buffers;
   DS_LOG_INFO(
-      "memory: {:.2f} GiB x {} = {:.2f} GiB allowed; weights {:.2f} GiB, working buffers "
-      "~{:.2f} GiB, KV cache {:.2f} GiB",
+      "memory: {:.2f} GiB x {} = {:.2f} GiB allowed; weights {:.2f} GiB ({:.2f} GiB of them "
+      "the backend's prepared copies), working buffers ~{:.2f} GiB, KV cache {:.2f} GiB",
       total / 1073741824.0, f, allowed / 1073741824.0, weight_bytes / 1073741824.0,
+      prepared_bytes / 1073741824.0,
       buffers / 1073741824.0, kv / 1073741824.0);
   if (kv <= 0) {
     const double need = static_cast<double>(weight_bytes + buffers) / static_cast<double>(total);
@@ -66,11 +69,15 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   llm->backend_ = make_cpu_backend(cpu);
   const int64_t weight_bytes = static_cast<int64_t>(files->total_tensor_bytes());
   DS_ASSIGN_OR_RETURN(llm->model_, load_causal_lm(std::move(files), *llm->backend_, context));
+  // The backend's prepared copies (the CPU's packed panels) are memory on top of the
+  // loaded weights; the mapped originals stay mapped too.
+  const int64_t prepared_bytes = llm->backend_->prepared_weight_bytes();
 
   int64_t kv_cache_memory = o.kv_cache_memory;
   if (o.gpu_memory_utilization != 0.0) {
     DS_ASSIGN_OR_RETURN(kv_cache_memory, kv_budget_from_utilization(o, llm->model_->info(),
-                                                                      weight_bytes));
+                                                                      weight_bytes,
+                                                                      prepared_bytes));
   }
 
   EngineConfig ec;

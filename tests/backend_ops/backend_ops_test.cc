@@ -412,6 +412,37 @@ TEST_P(BackendOpsTest, PreparedWeightsGiveTheSameBits) {
   }
 }
 
+TEST_P(BackendOpsTest, PreparedWeightBytesCountTheCopies) {
+  // Memory budgets count prepared copies: a packed copy holds the rows' quants and
+  // scales in whole 16-row panels (scales may widen from F16 to F32: at most 2 more
+  // bytes per 32-value block); preparing the same memory again replaces it.
+  CpuBackendOptions options;
+  options.n_threads = GetParam().n_threads;
+  options.isa = std::string(cpu::isa_name(GetParam().isa));
+  for (DType t : kAllTypes) {
+    const int64_t k = act_block(t) == 256 ? 512 : 576;
+    std::unique_ptr<Backend> backend = make_cpu_backend(options);
+    int64_t total = 0;
+    std::vector<std::vector<uint8_t>> keep;
+    for (int64_t n : {16, 45}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
+      keep.push_back(random_weights(t, n, k, rng_));
+      TensorView w{t, {n, k}, keep.back().data(), keep.back().size()};
+      backend->prepare_matmul_weight(w);
+      const int64_t added = backend->prepared_weight_bytes() - total;
+      total += added;
+      if (added == 0) continue;  // this level reads this type in place
+      const int64_t rows = dtype_bytes(t, (n + 15) / 16 * 16 * k);
+      EXPECT_GE(added, rows);
+      EXPECT_LE(added, rows + (n + 15) / 16 * 16 * (k / 32) * 2);
+      backend->prepare_matmul_weight(w);
+      EXPECT_EQ(backend->prepared_weight_bytes(), total);
+    }
+    // Q4_1 is the default model's type: the fastest level packs it.
+    if (t == DType::kQ4_1 && GetParam().isa == cpu::CpuIsa::kAvx512) EXPECT_GT(total, 0);
+  }
+}
+
 TEST_P(BackendOpsTest, MatmulManyEqualsOneByOne) {
   // One input, several weights of different types (some prepared, one with a bias):
   // each output as its own matmul gives it, bit for bit.

@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
   void matmul_many(const float* x, int64_t n_tokens, const MatmulTarget* targets,
                    int n_targets) override;
   void prepare_matmul_weight(const TensorView& w) override;
+  int64_t prepared_weight_bytes() const override { return prepared_bytes_; }
   ThreadPool* host_thread_pool() override { return &pool_; }
   void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
                 float* out) override;
@@ -65,6 +66,7 @@ class CpuBackend final : public Backend {
     int64_t n_rows, k;
     ScratchBuffer storage;
     const uint8_t* panels;
+    int64_t bytes;  // of the panels
   };
   // The packed copy made for a view of w's data, dtype and shape; null if none.
   const uint8_t* packed_for(const TensorView& w) const;
@@ -73,6 +75,7 @@ class CpuBackend final : public Backend {
   std::string name_;
   ThreadPool pool_;
   std::unordered_map<const void*, PackedWeight> packed_;  // see prepare_matmul_weight
+  int64_t prepared_bytes_ = 0;                            // their storage, in all
   ScratchBuffer act_rows_[3];               // quantised activations, per ActFormat
   ScratchBuffer act_tiles_;                 // Q8x32 activations in tiles (batched kernels)
   ScratchBuffer matmul_tasks_;              // matmul_many's task list

@@ -70,7 +70,8 @@ inline __m512i panel_row_index() {
 // Packed form, per panel and block: the transposed weight vectors (Q4: the 4 vectors
 // of nibble pairs, unpacked as they are loaded; Q8_0: the 8 vectors of u = q + 128),
 // then the 16 lanes' d and (Q4_1) m as f16 in lane order: kPackedBlockBytes, the d
-// at kPackedHeadOffset. (The same size as the original rows, give or take padding.)
+// at kPackedHeadOffset, padded to 64 bytes (at most 2 bytes per row and block more
+// than the original rows: the memory budget counts them, prepared_weight_bytes).
 struct PanelQ8_0 {
   using Block = block_q8_0;
   static constexpr int kQsOffset = 2;

@@ -63,7 +63,7 @@ void CpuBackend::prepare_matmul_weight(const TensorView& w) {
   if (n == 0 || k % 32 != 0) return;
   const int64_t panel_bytes = kernels_.packed_layout[type].panel_bytes(k);
   const int64_t n_panels = (n + kMatmulPackRows - 1) / kMatmulPackRows;
-  PackedWeight p{w.dtype, n, k, ScratchBuffer(), nullptr};
+  PackedWeight p{w.dtype, n, k, ScratchBuffer(), nullptr, 0};
   uint8_t* out = p.storage.get(static_cast<size_t>(n_panels * panel_bytes));
   p.panels = out;
   const PackWeightFn pack = kernels_.pack_weight[type];
@@ -73,7 +73,12 @@ void CpuBackend::prepare_matmul_weight(const TensorView& w) {
     pack(w.row(r0), w_stride, std::min(n, end * kMatmulPackRows) - r0, k,
          out + begin * panel_bytes);
   });
-  packed_.erase(w.data);  // a weight prepared again replaces its copy
+  if (auto old = packed_.find(w.data); old != packed_.end()) {  // prepared again: replaced
+    prepared_bytes_ -= old->second.bytes;
+    packed_.erase(old);
+  }
+  p.bytes = n_panels * panel_bytes;
+  prepared_bytes_ += p.bytes;
   packed_.emplace(w.data, std::move(p));
 }
 
