@@ -93,6 +93,11 @@ def test_alone_in_the_engine_matches_dserve_generate(alone, test_tool, dserve_bi
         assert _agree_up_to_near_tie(alone32[j], solo["outputs"][j], solo["margins"][j]), (
             f"request {i}: engine {alone32[j]} vs solo {solo['outputs'][j]}"
             f" margins {solo['margins'][j]}")
+        # The float16 cache (keys and values rounded to 11 bits) moves logits by more
+        # than float32 does, yet on these requests not past a near-tie either.
+        assert _agree_up_to_near_tie(alone[i], solo["outputs"][j], solo["margins"][j]), (
+            f"request {i}: float16 engine {alone[i]} vs solo {solo['outputs'][j]}"
+            f" margins {solo['margins'][j]}")
     # solo mode is `dserve generate`.
     req = picked[0]
     r = run([dserve_bin, "generate", "--model", default_model,
