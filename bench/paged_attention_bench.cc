@@ -1,8 +1,9 @@
 // Paged attention micro-benchmarks: a decode step (one token per sequence, each at
 // the end of its context) and a prefill chunk over a paged KV pool with shuffled
-// block tables, against the contiguous attention() run per sequence for the same
-// work. Reports the K/V bytes read per second ("bytes_per_second") and decode
-// tokens (query heads) per second.
+// block tables, with F32 and F16 pools ("paged/" and "paged_f16/"), against the
+// contiguous attention() run per sequence for the same work. Reports the K/V bytes
+// read per second ("bytes_per_second", of the pool's own dtype) and decode tokens
+// (query heads) per second.
 //
 // Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
 // DSERVE_BENCH_THREADS (default: all cores).
@@ -15,9 +16,11 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "tensor/half.h"
 
 namespace dserve {
 namespace {
@@ -54,6 +57,10 @@ struct PagedSetup {
     v_pool.resize(k_pool.size());
     for (auto& x : k_pool) x = dist(rng);
     for (auto& x : v_pool) x = dist(rng);
+    k_pool16.resize(k_pool.size());
+    v_pool16.resize(v_pool.size());
+    for (size_t i = 0; i < k_pool.size(); ++i) k_pool16[i] = f32_to_f16(k_pool[i]);
+    for (size_t i = 0; i < v_pool.size(); ++i) v_pool16[i] = f32_to_f16(v_pool[i]);
     for (int s = 0; s < c.n_seqs; ++s) {
       for (int p = c.n_ctx - c.n_new; p < c.n_ctx; ++p) {
         seq_of_token.push_back(s);
@@ -75,12 +82,13 @@ struct PagedSetup {
   std::vector<int32_t> tables, seq_of_token, positions;
   std::vector<int64_t> offsets;
   std::vector<float> k_pool, v_pool, q, out;
+  std::vector<uint16_t> k_pool16, v_pool16;  // the pools as IEEE halves
   PagedBatch batch;
 };
 
-void set_counters(benchmark::State& state, const Case& c) {
+void set_counters(benchmark::State& state, const Case& c, size_t elem_bytes = sizeof(float)) {
   // Every query's K and V rows: the bytes one pass over the cache reads.
-  const double kv_bytes = 2.0 * c.n_seqs * c.n_ctx * c.n_kv_heads * c.head_dim * sizeof(float);
+  const double kv_bytes = 2.0 * c.n_seqs * c.n_ctx * c.n_kv_heads * c.head_dim * elem_bytes;
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kv_bytes));
   state.counters["tokens/s"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * c.n_seqs * c.n_new, benchmark::Counter::kIsRate);
@@ -92,11 +100,24 @@ void bm_paged(benchmark::State& state, Case c) {
   Backend& b = backend();
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   for (auto _ : state) {
-    b.paged_attention(p.q.data(), p.k_pool.data(), p.v_pool.data(), p.out.data(), p.batch,
-                      c.n_heads, c.n_kv_heads, c.head_dim, c.head_dim, scale);
+    b.paged_attention(p.q.data(), DType::kF32, p.k_pool.data(), p.v_pool.data(), p.out.data(),
+                      p.batch, c.n_heads, c.n_kv_heads, c.head_dim, c.head_dim, scale);
     benchmark::DoNotOptimize(p.out.data());
   }
   set_counters(state, c);
+}
+
+void bm_paged_f16(benchmark::State& state, Case c) {
+  PagedSetup p(c);
+  Backend& b = backend();
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  for (auto _ : state) {
+    b.paged_attention(p.q.data(), DType::kF16, p.k_pool16.data(), p.v_pool16.data(),
+                      p.out.data(), p.batch, c.n_heads, c.n_kv_heads, c.head_dim, c.head_dim,
+                      scale);
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  set_counters(state, c, sizeof(uint16_t));
 }
 
 // The same work with contiguous K/V: attention() once per sequence.
@@ -148,9 +169,11 @@ int main(int argc, char** argv) {
     return *std::min_element(v.begin(), v.end());
   };
   for (const Named& n : cases) {
-    for (bool paged : {true, false}) {
-      const std::string name = std::string(paged ? "paged/" : "contiguous/") + n.name;
-      benchmark::RegisterBenchmark(name.c_str(), paged ? bm_paged : bm_contiguous, n.c)
+    const std::pair<const char*, void (*)(benchmark::State&, Case)> kinds[] = {
+        {"paged/", bm_paged}, {"paged_f16/", bm_paged_f16}, {"contiguous/", bm_contiguous}};
+    for (const auto& [prefix, fn] : kinds) {
+      const std::string name = std::string(prefix) + n.name;
+      benchmark::RegisterBenchmark(name.c_str(), fn, n.c)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime()
           // On a shared machine the fastest repetition is the least disturbed one:

@@ -32,6 +32,9 @@ struct LlmOptions {
   int max_num_batched_tokens = 2048;
   int block_size = 16;
   int64_t kv_cache_memory = int64_t{1} << 30;  // bytes for the paged KV cache
+  // The paged KV cache's element type, F16 (vLLM's --kv-cache-dtype auto, on the CPU)
+  // or F32 (see EngineConfig::kv_cache_dtype).
+  DType kv_cache_dtype = DType::kF16;
   // When > 0 (vLLM's --gpu-memory-utilization, read on the CPU): the fraction of the
   // machine's memory dserve may use in all; the KV cache gets what remains after the
   // weights and an estimate of the working buffers, instead of kv_cache_memory.

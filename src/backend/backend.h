@@ -126,28 +126,32 @@ class Backend {
                          int n_kv_heads, int head_dim, int v_dim, float scale) = 0;
 
   // --- Paged KV cache -------------------------------------------------------------
-  // A KV pool is n_slots = n_blocks * block_size token slots, each holding `row` floats
-  // (keys: n_kv_heads * head_dim; values: n_kv_heads * v_dim; an MLA latent:
-  // kv_lora_rank + qk_rope_head_dim). Slot of position p of a sequence with block table
-  // T: T[p / block_size] * block_size + p % block_size.
+  // A KV pool is n_slots = n_blocks * block_size token slots, each holding `row`
+  // elements of kv_dtype (keys: n_kv_heads * head_dim; values: n_kv_heads * v_dim; an
+  // MLA latent: kv_lora_rank + qk_rope_head_dim). Slot of position p of a sequence with
+  // block table T: T[p / block_size] * block_size + p % block_size.
+  // kv_dtype is F32 or F16 (IEEE half: stores round to nearest even, reads convert
+  // exactly; all arithmetic stays FP32).
 
-  // pool[slots[t]] = x[t] for x [n, row]. Slots are distinct.
-  virtual void kv_store(float* pool, int64_t row, const float* x, const int64_t* slots,
-                        int64_t n) = 0;
+  // pool[slots[t]] = x[t] (converted to kv_dtype) for x [n, row]. Slots are distinct.
+  virtual void kv_store(DType kv_dtype, void* pool, int64_t row, const float* x,
+                        const int64_t* slots, int64_t n) = 0;
 
-  // out[i] = pool[slots[i]] for out [n, row].
-  virtual void kv_gather(const float* pool, int64_t row, const int64_t* slots, int64_t n,
-                         float* out) = 0;
+  // out[i] = pool[slots[i]] as float, for out [n, row].
+  virtual void kv_gather(DType kv_dtype, const void* pool, int64_t row, const int64_t* slots,
+                         int64_t n, float* out) = 0;
 
   // Causal attention for a ragged batch of tokens from several sequences over paged
-  // K/V pools (k_pool [n_slots, n_kv_heads, head_dim], v_pool [n_slots, n_kv_heads,
-  // v_dim]). q [n_tokens, n_heads, head_dim], out [n_tokens, n_heads, v_dim]. Token t
-  // belongs to sequence batch.seq_of_token[t] and attends to that sequence's positions
-  // 0..batch.positions[t], whose keys must already be stored. GQA and softmax as in
-  // attention().
-  virtual void paged_attention(const float* q, const float* k_pool, const float* v_pool,
-                               float* out, const PagedBatch& batch, int n_heads, int n_kv_heads,
-                               int head_dim, int v_dim, float scale) = 0;
+  // K/V pools of kv_dtype (k_pool [n_slots, n_kv_heads, head_dim], v_pool [n_slots,
+  // n_kv_heads, v_dim]). q [n_tokens, n_heads, head_dim], out [n_tokens, n_heads,
+  // v_dim]. Token t belongs to sequence batch.seq_of_token[t] and attends to that
+  // sequence's positions 0..batch.positions[t], whose keys must already be stored. GQA
+  // and softmax as in attention(). An F16 pool gives bit for bit the output of an F32
+  // pool holding the same (F16-representable) values.
+  virtual void paged_attention(const float* q, DType kv_dtype, const void* k_pool,
+                               const void* v_pool, float* out, const PagedBatch& batch,
+                               int n_heads, int n_kv_heads, int head_dim, int v_dim,
+                               float scale) = 0;
 };
 
 struct CpuBackendOptions {

@@ -31,6 +31,7 @@ Status bench(const BenchThroughputOptions& o) {
   lo.max_num_batched_tokens = o.max_num_batched_tokens;
   lo.block_size = o.block_size;
   lo.kv_cache_memory = o.kv_cache_memory;
+  DS_ASSIGN_OR_RETURN(lo.kv_cache_dtype, kv_cache_dtype_from_flag(o.kv_cache_dtype));
   lo.max_model_len = o.max_model_len;
   if (lo.max_model_len == 0 && o.dataset_name == "random") {
     lo.max_model_len = o.input_len + (o.output_len > 0 ? o.output_len : kDefaultOutputLen);

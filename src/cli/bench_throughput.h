@@ -23,6 +23,7 @@ struct BenchThroughputOptions {
   int max_num_batched_tokens = 2048;
   int block_size = 16;
   int64_t kv_cache_memory = int64_t{1} << 30;
+  std::string kv_cache_dtype = "auto";  // auto (float16), float16 or float32
   int max_model_len = 0;
   bool no_enable_prefix_caching = false;
   std::string output_json;  // also write the results here

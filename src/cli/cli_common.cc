@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <CLI/CLI.hpp>
+
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -90,6 +92,20 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::s
   }
   if (ids.empty()) return invalid_argument(what + ": no token ids");
   return ids;
+}
+
+void add_kv_cache_dtype_option(CLI::App* cmd, std::string* value) {
+  cmd->add_option("--kv-cache-dtype", *value,
+                  "element type of the paged KV cache: auto (float16 on the CPU), float16 or "
+                  "float32; attention computes in float32 either way")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "float16", "float32"}));
+}
+
+Result<DType> kv_cache_dtype_from_flag(const std::string& value) {
+  if (value == "auto" || value == "float16") return DType::kF16;
+  if (value == "float32") return DType::kF32;
+  return invalid_argument("--kv-cache-dtype " + value + ": use auto, float16 or float32");
 }
 
 int report_error(const Status& status) {

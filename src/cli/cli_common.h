@@ -13,6 +13,10 @@
 #include "base/status.h"
 #include "loader/model_files.h"
 
+namespace CLI {
+class App;
+}
+
 namespace dserve::cli {
 
 // Options every model-running subcommand takes.
@@ -36,6 +40,13 @@ Result<std::unique_ptr<Backend>> make_backend(const CommonOptions& options);
 
 // "1,2,3" or "1 2 3" (commas, spaces, newlines, optional [ ] brackets) -> ids.
 Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::string& what);
+
+// --kv-cache-dtype (vLLM's flag) on `cmd`, stored in *value: "auto" (the default:
+// float16 on the CPU), "float16" or "float32"; any other value is a parse error that
+// names the choices.
+void add_kv_cache_dtype_option(CLI::App* cmd, std::string* value);
+// The paged KV cache's element type for a --kv-cache-dtype value.
+Result<DType> kv_cache_dtype_from_flag(const std::string& value);
 
 // Prints "dserve: error: <message>" on stderr and returns the exit code to use.
 int report_error(const Status& status);

@@ -101,6 +101,7 @@ int run(int argc, char** argv) {
   throughput->add_option("--block-size", bt.block_size, "tokens per KV block (16)");
   throughput->add_option("--kv-cache-memory", bt.kv_cache_memory,
                          "bytes for the KV cache (default 1 GiB)");
+  dserve::cli::add_kv_cache_dtype_option(throughput, &bt.kv_cache_dtype);
   throughput->add_option("--max-model-len", bt.max_model_len,
                          "prompt + output tokens at most (default: input + output length)");
   throughput->add_flag("--no-enable-prefix-caching", bt.no_enable_prefix_caching,

@@ -48,6 +48,7 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
       ->capture_default_str();
   cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "bytes for the KV cache")
       ->capture_default_str();
+  add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   cmd->add_option("--seed", o->seed, "seed for requests that bring none (default: random)");
   cmd->add_option("--dtype", o->dtype, "activation dtype: auto or float32")->capture_default_str();
   cmd->add_option("--quantization,-q", o->quantization,
@@ -162,6 +163,9 @@ int run_serve(ServeOptions o) {
   lo.max_num_batched_tokens = o.max_num_batched_tokens;
   lo.block_size = o.block_size;
   lo.kv_cache_memory = o.kv_cache_memory;
+  Result<DType> kv_dtype = kv_cache_dtype_from_flag(o.kv_cache_dtype);
+  if (!kv_dtype.ok()) return report_error(kv_dtype.status());
+  lo.kv_cache_dtype = *kv_dtype;
   lo.gpu_memory_utilization = o.gpu_memory_utilization;
   lo.max_model_len = o.max_model_len;
   lo.enable_prefix_caching = o.enable_prefix_caching;

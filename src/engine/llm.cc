@@ -85,6 +85,7 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.block_size = o.block_size;
   ec.kv_cache_memory = kv_cache_memory;
+  ec.kv_cache_dtype = o.kv_cache_dtype;
   ec.max_model_len = static_cast<int>(context);
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.seed = o.seed;

@@ -29,7 +29,11 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
   if (config.block_size < 1) {
     return invalid_argument("block_size must be >= 1, got " + std::to_string(config.block_size));
   }
-  const size_t bytes_per_token = model.paged_bytes_per_token();
+  if (!is_kv_cache_dtype(config.kv_cache_dtype)) {
+    return invalid_argument("kv_cache_dtype " + std::string(dtype_name(config.kv_cache_dtype)) +
+                            " is not supported: use f32 or f16");
+  }
+  const size_t bytes_per_token = model.paged_bytes_per_token(config.kv_cache_dtype);
   if (bytes_per_token == 0) {
     return unimplemented(info.architecture +
                          ": the serving engine needs a paged KV cache, "
@@ -68,12 +72,13 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
   DS_ASSIGN_OR_RETURN(std::unique_ptr<sched::Scheduler> scheduler,
                       sched::Scheduler::create(sc, kc));
   DS_ASSIGN_OR_RETURN(std::unique_ptr<PagedCache> cache,
-                      model.new_paged_cache(n_blocks, config.block_size));
+                      model.new_paged_cache(n_blocks, config.block_size, config.kv_cache_dtype));
   DS_LOG_INFO(
-      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB ({} bytes/token); "
+      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB ({} bytes/token, {}); "
       "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix caching {}",
       n_blocks, config.block_size, int64_t{n_blocks} * config.block_size,
-      cache->total_bytes() / (1024.0 * 1024.0), bytes_per_token, config.max_model_len,
+      cache->total_bytes() / (1024.0 * 1024.0), bytes_per_token,
+      dtype_name(config.kv_cache_dtype), config.max_model_len,
       config.max_num_seqs, config.max_num_batched_tokens,
       config.enable_prefix_caching ? "on" : "off");
   return std::unique_ptr<LlmEngine>(

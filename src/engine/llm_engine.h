@@ -44,6 +44,10 @@ struct EngineConfig {
   int max_num_batched_tokens = 2048;           // scheduled tokens per step at most
   int block_size = 16;                         // tokens per KV block
   int64_t kv_cache_memory = int64_t{1} << 30;  // bytes for the paged KV cache
+  // Element type of the paged KV cache: F16 (--kv-cache-dtype auto on the CPU: half the
+  // bytes, so twice the tokens in kv_cache_memory and half the attention's memory
+  // traffic) or F32. Arithmetic is FP32 either way.
+  DType kv_cache_dtype = DType::kF16;
   // Prompt + output tokens at most; 0: the model's max_position_embeddings. The model
   // must have been loaded with a context of at least this many tokens.
   int max_model_len = 0;

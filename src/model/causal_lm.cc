@@ -39,13 +39,18 @@ class ModelLm : public CausalLm {
     return model_->forward(tokens, positions, static_cast<CacheAdapter<SeqCache>&>(cache).get(),
                            which, logits);
   }
-  size_t paged_bytes_per_token() const override {
-    return Paged::bytes_per_token(model_->config());
+  size_t paged_bytes_per_token(DType dtype) const override {
+    return Paged::bytes_per_token(model_->config(), dtype);
   }
-  Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size) const override {
+  Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size,
+                                                      DType dtype) const override {
     if (n_blocks < 1 || block_size < 1)
       return invalid_argument("paged cache: n_blocks and block_size must be >= 1");
-    return std::unique_ptr<PagedCache>(model_->new_paged_cache(n_blocks, block_size));
+    if (!is_kv_cache_dtype(dtype)) {
+      return invalid_argument("paged cache: KV cache dtype " + std::string(dtype_name(dtype)) +
+                              " is not supported (f32 or f16)");
+    }
+    return std::unique_ptr<PagedCache>(model_->new_paged_cache(n_blocks, block_size, dtype));
   }
   Status forward_batch(const ModelBatch& batch, PagedCache& cache,
                        std::vector<float>* logits) override {

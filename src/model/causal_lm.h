@@ -54,10 +54,12 @@ class CausalLm {
                          SequenceCache& cache, LogitsFor which, std::vector<float>* logits) = 0;
 
   // --- Paged serving (the engine). Architectures without it keep the defaults. ---
-  // Bytes one token takes in a paged cache over all layers; 0: no paged support.
-  virtual size_t paged_bytes_per_token() const { return 0; }
-  // A paged cache of n_blocks blocks of block_size tokens.
-  virtual Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size) const {
+  // Bytes one token takes in a paged cache of `dtype` (F32 or F16) over all layers;
+  // 0: no paged support.
+  virtual size_t paged_bytes_per_token(DType dtype) const { return 0; }
+  // A paged cache of n_blocks blocks of block_size tokens of `dtype` (F32 or F16).
+  virtual Result<std::unique_ptr<PagedCache>> new_paged_cache(int n_blocks, int block_size,
+                                                              DType dtype) const {
     return unimplemented(info().architecture + ": no paged KV cache yet");
   }
   // One engine step over a ragged batch (see LlamaModel::forward_batch); `cache` must

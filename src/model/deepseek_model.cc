@@ -544,8 +544,9 @@ void DeepseekModel::compute_logits(std::span<const int32_t> rows, std::vector<fl
   if (n_out > 0) backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, logits->data());
 }
 
-std::unique_ptr<PagedMlaCache> DeepseekModel::new_paged_cache(int n_blocks, int block_size) const {
-  return std::make_unique<PagedMlaCache>(config_, n_blocks, block_size);
+std::unique_ptr<PagedMlaCache> DeepseekModel::new_paged_cache(int n_blocks, int block_size,
+                                                              DType dtype) const {
+  return std::make_unique<PagedMlaCache>(config_, n_blocks, block_size, dtype);
 }
 
 void DeepseekModel::attention_paged(int layer, int64_t n, std::span<const int32_t> positions,
@@ -554,12 +555,13 @@ void DeepseekModel::attention_paged(int layer, int64_t n, std::span<const int32_
   const DeepseekConfig& c = config_;
   const int64_t H = c.n_heads, row = c.latent_dim();
   project_qkv(layer, n, positions);
-  float* pool = cache.latent(layer);  // [n_slots, r + rope]
+  void* pool = cache.latent(layer);  // [n_slots, r + rope] of cache.dtype()
+  const DType dtype = cache.dtype();
   // The whole step's latents first: a sequence may read, through a shared prefix
   // block, rows another sequence of this step writes.
-  backend_.kv_store(pool, row, scratch_.kva.data(), slots, n);
+  backend_.kv_store(dtype, pool, row, scratch_.kva.data(), slots, n);
   attend_absorbed(layers_[layer], n, [&](const float* q_abs, float* out_lat) {
-    backend_.paged_attention(q_abs, pool, pool, out_lat, batch, static_cast<int>(H), 1,
+    backend_.paged_attention(q_abs, dtype, pool, pool, out_lat, batch, static_cast<int>(H), 1,
                              static_cast<int>(row), static_cast<int>(row), c.softmax_scale());
   });
 }

@@ -89,8 +89,9 @@ class DeepseekModel {
   Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                  MlaKvCache& kv, LogitsFor which, std::vector<float>* logits);
 
-  // A paged latent cache of n_blocks blocks of block_size tokens for forward_batch().
-  std::unique_ptr<PagedMlaCache> new_paged_cache(int n_blocks, int block_size) const;
+  // A paged latent cache of n_blocks blocks of block_size tokens of `dtype` (F32 or
+  // F16) for forward_batch().
+  std::unique_ptr<PagedMlaCache> new_paged_cache(int n_blocks, int block_size, DType dtype) const;
   // One engine step over a ragged batch of several sequences (see
   // LlamaModel::forward_batch): each layer stores the step's latents into `cache`
   // through the block tables, then attends in the latent space (absorbed MLA) with

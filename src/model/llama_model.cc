@@ -132,8 +132,9 @@ std::unique_ptr<KvCache> LlamaModel::new_kv_cache() const {
   return std::make_unique<KvCache>(config_, max_context_);
 }
 
-std::unique_ptr<PagedKvCache> LlamaModel::new_paged_cache(int n_blocks, int block_size) const {
-  return std::make_unique<PagedKvCache>(config_, n_blocks, block_size);
+std::unique_ptr<PagedKvCache> LlamaModel::new_paged_cache(int n_blocks, int block_size,
+                                                          DType dtype) const {
+  return std::make_unique<PagedKvCache>(config_, n_blocks, block_size, dtype);
 }
 
 void LlamaModel::attend(int layer, const float* q, const float* k, const float* v,
@@ -152,10 +153,11 @@ void LlamaModel::attend_paged(int layer, const float* q, const float* k, const f
   const int64_t kv_dim = config_.kv_dim();
   // Keys and values of the whole step first: a sequence may read, through a shared
   // prefix block, keys another sequence of this step writes.
-  backend_.kv_store(cache.k(layer), kv_dim, k, slots, batch.n_tokens);
-  backend_.kv_store(cache.v(layer), kv_dim, v, slots, batch.n_tokens);
+  const DType dtype = cache.dtype();
+  backend_.kv_store(dtype, cache.k(layer), kv_dim, k, slots, batch.n_tokens);
+  backend_.kv_store(dtype, cache.v(layer), kv_dim, v, slots, batch.n_tokens);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  backend_.paged_attention(q, cache.k(layer), cache.v(layer), out, batch, config_.n_heads,
+  backend_.paged_attention(q, dtype, cache.k(layer), cache.v(layer), out, batch, config_.n_heads,
                            config_.n_kv_heads, config_.head_dim, config_.head_dim, scale);
 }
 

@@ -63,8 +63,9 @@ class LlamaModel {
   Status forward(std::span<const int32_t> tokens, std::span<const int32_t> positions, KvCache& kv,
                  LogitsFor which, std::vector<float>* logits);
 
-  // A paged cache of n_blocks blocks of block_size tokens for forward_batch().
-  std::unique_ptr<PagedKvCache> new_paged_cache(int n_blocks, int block_size) const;
+  // A paged cache of n_blocks blocks of block_size tokens of `dtype` (F32 or F16) for
+  // forward_batch().
+  std::unique_ptr<PagedKvCache> new_paged_cache(int n_blocks, int block_size, DType dtype) const;
 
   // Runs one engine step: batch.tokens of several sequences at their positions, each
   // sequence's keys and values stored into `cache` through its block table before the

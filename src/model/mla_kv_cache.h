@@ -52,39 +52,44 @@ class MlaKvCache {
 };
 
 // PagedMlaCache: the latents of many sequences in blocks of block_size token slots for
-// the serving engine: layer l holds latent(l) [n_blocks * block_size, kv_lora_rank +
-// qk_rope_head_dim], slot of position p of a sequence with block table T
-// T[p / block_size] * block_size + p % block_size (backend.h). Same rows as MlaKvCache.
+// the serving engine, in F32 or F16 (--kv-cache-dtype): layer l holds latent(l)
+// [n_blocks * block_size, kv_lora_rank + qk_rope_head_dim] elements of dtype(), slot of
+// position p of a sequence with block table T T[p / block_size] * block_size +
+// p % block_size (backend.h). Same rows as MlaKvCache.
 class PagedMlaCache final : public PagedCache {
  public:
-  PagedMlaCache(const DeepseekConfig& config, int n_blocks, int block_size);
+  PagedMlaCache(const DeepseekConfig& config, int n_blocks, int block_size, DType dtype);
   ~PagedMlaCache() override;
   PagedMlaCache(const PagedMlaCache&) = delete;
   PagedMlaCache& operator=(const PagedMlaCache&) = delete;
 
-  static size_t bytes_per_token(const DeepseekConfig& config) {
-    return static_cast<size_t>(config.n_layers) * config.latent_dim() * sizeof(float);
+  static size_t bytes_per_token(const DeepseekConfig& config, DType dtype) {
+    return static_cast<size_t>(config.n_layers) * config.latent_dim() * kv_elem_bytes(dtype);
   }
   int n_blocks() const override { return n_blocks_; }
   int block_size() const override { return block_size_; }
+  DType dtype() const override { return dtype_; }
   size_t bytes_per_token() const override {
-    return static_cast<size_t>(n_layers_) * row_dim_ * sizeof(float);
+    return static_cast<size_t>(n_layers_) * row_bytes();
   }
   size_t total_bytes() const override { return bytes_; }
   void copy_block(int src, int dst, int n_tokens) override;
 
   int row_dim() const { return row_dim_; }
-  float* latent(int layer) { return data_ + static_cast<int64_t>(layer) * n_slots() * row_dim_; }
+  // [n_slots, row_dim] elements of dtype()
+  void* latent(int layer) { return data_ + static_cast<int64_t>(layer) * n_slots() * row_bytes(); }
 
  private:
   int64_t n_slots() const { return int64_t{n_blocks_} * block_size_; }
+  int64_t row_bytes() const { return int64_t{row_dim_} * static_cast<int64_t>(kv_elem_bytes(dtype_)); }
 
   int n_layers_;
   int row_dim_;
   int n_blocks_;
   int block_size_;
+  DType dtype_;
   size_t bytes_;
-  float* data_;
+  char* data_;
 };
 
 }  // namespace dserve

@@ -41,12 +41,19 @@ Status resolve_paged_batch(const ModelBatch& batch, int64_t vocab_size, int64_t 
                            int n_cache_blocks, int block_size, std::vector<int64_t>* slots,
                            PagedBatch* paged);
 
+// The element types a paged KV cache can hold (Backend::kv_store and paged_attention
+// read and write them): F32, or F16 for half the memory traffic and twice the tokens.
+inline bool is_kv_cache_dtype(DType t) { return t == DType::kF32 || t == DType::kF16; }
+// Bytes of one element of a KV cache dtype (F32 or F16).
+inline size_t kv_elem_bytes(DType t) { return t == DType::kF16 ? 2 : 4; }
+
 // A model's paged KV store (per-layer pools of n_blocks * block_size token slots).
 class PagedCache {
  public:
   virtual ~PagedCache() = default;
   virtual int n_blocks() const = 0;
   virtual int block_size() const = 0;
+  virtual DType dtype() const = 0;  // of every pool element: F32 or F16
   virtual size_t bytes_per_token() const = 0;  // over all layers
   virtual size_t total_bytes() const = 0;
   // Copies the first n_tokens slots of block src into block dst, in every layer.

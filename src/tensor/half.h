@@ -61,8 +61,8 @@ inline float f16_to_f32(uint16_t h) {
       mant &= 0x3ffu;
       bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
     }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp == 31) {  // infinity, or NaN made quiet (as vcvtph2ps does)
+    bits = sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u);
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
@@ -71,20 +71,38 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
+// IEEE binary16 from float, rounding to nearest with ties to even, in plain integer
+// arithmetic so that every build (any compiler, any CPU) gives the same bits as F16C's
+// vcvtps2ph and numpy's astype(float16): subnormal halves are produced (not flushed),
+// magnitudes from 65520 up become infinity, and a NaN stays NaN with its sign and the
+// top ten payload bits, quietened.
 inline uint16_t f32_to_f16(float f) {
-#if defined(__F16C__) || defined(__aarch64__)
-  _Float16 h = static_cast<_Float16>(f);
-  uint16_t out;
-  std::memcpy(&out, &h, 2);
-  return out;
-#else
-  // Round-to-nearest-even through the _Float16 type is not available everywhere;
-  // this path handles normal numbers, which is all quantisation scales need.
-  _Float16 h = static_cast<_Float16>(f);
-  uint16_t out;
-  std::memcpy(&out, &h, 2);
-  return out;
-#endif
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u) {  // NaN
+    return static_cast<uint16_t>(sign | 0x7e00u | ((mag >> 13) & 0x3ffu));
+  }
+  if (mag >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (mag >= 0x38800000u) {
+    // Normal half (>= 2^-14): rebias the exponent (127 -> 15), keep 10 mantissa bits,
+    // round on the 13 dropped ones. A carry out of the mantissa bumps the exponent,
+    // which is the right result (below 65520 it never reaches infinity).
+    uint32_t h = (mag - 0x38000000u) >> 13;
+    const uint32_t rest = mag & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  if (mag <= 0x33000000u) return sign;  // <= 2^-25: rounds to zero (2^-25 is a tie to 0)
+  // Subnormal half: the value in units of 2^-24 is m >> shift, m the 24-bit mantissa
+  // with its leading one. A result of 0x400 is the smallest normal, correctly encoded.
+  const uint32_t m = (mag & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - (mag >> 23);  // 14..24 for exponents 2^-25..2^-15
+  uint32_t h = m >> shift;
+  const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
 }
 
 }  // namespace dserve

@@ -11,10 +11,17 @@
 // Tolerance: both sides accumulate in FP32 over a few hundred keys, in different
 // orders (two-pass softmax vs. online softmax); outputs are convex combinations of
 // N(0, 1) values, so 1e-5 * max(1, |want|) leaves ample room.
+//
+// F16 pools (the engine's default KV cache): on F16-representable values an F16 pool
+// gives the same bits as an F32 pool (both block sizes, GQA and MLA shapes, every
+// level and thread count), and matches a plain-loop attention in double; kv_store's
+// rounding and kv_gather's conversion equal tensor/half.h's on every level, special
+// values included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -25,6 +32,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_isa.h"
+#include "tensor/half.h"
 
 namespace dserve {
 namespace {
@@ -103,6 +111,7 @@ struct PagedCase {
   std::vector<int32_t> flat_tables;              // the tables, concatenated
   std::vector<int64_t> offsets;                  // [n_seqs + 1]
   std::vector<float> k_pool, v_pool;             // [n_slots, row]
+  std::vector<uint16_t> k_pool16, v_pool16;      // the same as halves (f16 cases only)
   std::vector<std::vector<float>> k_seq, v_seq;  // per sequence [n_ctx, row]
   std::vector<std::vector<int64_t>> slots;       // per sequence [n_ctx]
   std::vector<int32_t> seq_of_token, positions;  // [n_tokens]
@@ -113,7 +122,8 @@ struct PagedCase {
 
   // paged_attention on the batch's tokens `tokens` (all when empty), as their own
   // batch: returns out [tokens.size(), o_row].
-  std::vector<float> run(Backend& backend, std::vector<int64_t> tokens = {}) const {
+  std::vector<float> run(Backend& backend, std::vector<int64_t> tokens = {},
+                         DType kv_dtype = DType::kF32) const {
     if (tokens.empty()) {
       for (int64_t t = 0; t < n_tokens(); ++t) tokens.push_back(t);
     }
@@ -134,9 +144,12 @@ struct PagedCase {
     batch.block_tables = flat_tables.data();
     batch.block_table_offsets = offsets.data();
     batch.block_size = sh.block_size;
-    const float* v = sh.latent ? k_pool.data() : v_pool.data();  // the same pool for MLA
-    backend.paged_attention(sub_q.data(), k_pool.data(), v, out.data(), batch,
-                            sh.n_heads, sh.n_kv_heads, sh.head_dim, sh.v_dim, scale);
+    const bool f16 = kv_dtype == DType::kF16;
+    const void* k = f16 ? static_cast<const void*>(k_pool16.data()) : k_pool.data();
+    const void* v = f16 ? static_cast<const void*>(v_pool16.data()) : v_pool.data();
+    if (sh.latent) v = k;  // the same pool for MLA
+    backend.paged_attention(sub_q.data(), kv_dtype, k, v, out.data(), batch, sh.n_heads,
+                            sh.n_kv_heads, sh.head_dim, sh.v_dim, scale);
     return out;
   }
 };
@@ -144,9 +157,10 @@ struct PagedCase {
 // Block tables: every sequence gets the blocks it needs, some one spare, all drawn
 // from one shuffled pool with a few blocks nobody owns. Pools full of NaN, then each
 // sequence's K/V stored into its slots with kv_store. The batch: every sequence's new
-// tokens, interleaved in a random order.
+// tokens, interleaved in a random order. With f16, K/V values are rounded to halves
+// first and also stored into F16 pools (NaN halves elsewhere).
 PagedCase make_case(Backend& backend, const Shape& sh, const std::vector<SeqStep>& seqs,
-                    std::mt19937& rng) {
+                    std::mt19937& rng, bool f16 = false) {
   PagedCase c;
   c.sh = sh;
   c.seqs = seqs;
@@ -180,15 +194,32 @@ PagedCase make_case(Backend& backend, const Shape& sh, const std::vector<SeqStep
   const float nan = std::numeric_limits<float>::quiet_NaN();
   c.k_pool.assign(n_slots * c.k_row, nan);
   c.v_pool.assign(n_slots * c.v_row, nan);
+  if (f16) {
+    c.k_pool16.assign(c.k_pool.size(), 0x7e00);  // NaN
+    c.v_pool16.assign(c.v_pool.size(), 0x7e00);
+  }
+  auto maybe_round = [f16](std::vector<float> v) {
+    if (f16) {
+      for (float& x : v) x = f16_to_f32(f32_to_f16(x));
+    }
+    return v;
+  };
   c.k_seq.resize(n_seqs);
   c.v_seq.resize(n_seqs);
   c.slots.resize(n_seqs);
   for (int64_t s = 0; s < n_seqs; ++s) {
-    c.k_seq[s] = random_floats(seqs[s].n_ctx * c.k_row, rng);
-    c.v_seq[s] = sh.latent ? c.k_seq[s] : random_floats(seqs[s].n_ctx * c.v_row, rng);
+    c.k_seq[s] = maybe_round(random_floats(seqs[s].n_ctx * c.k_row, rng));
+    c.v_seq[s] =
+        sh.latent ? c.k_seq[s] : maybe_round(random_floats(seqs[s].n_ctx * c.v_row, rng));
     for (int p = 0; p < seqs[s].n_ctx; ++p) c.slots[s].push_back(slot_of(c.tables[s], bs, p));
-    backend.kv_store(c.k_pool.data(), c.k_row, c.k_seq[s].data(), c.slots[s].data(), seqs[s].n_ctx);
-    backend.kv_store(c.v_pool.data(), c.v_row, c.v_seq[s].data(), c.slots[s].data(), seqs[s].n_ctx);
+    const int64_t* slots = c.slots[s].data();
+    const int64_t n = seqs[s].n_ctx;
+    backend.kv_store(DType::kF32, c.k_pool.data(), c.k_row, c.k_seq[s].data(), slots, n);
+    backend.kv_store(DType::kF32, c.v_pool.data(), c.v_row, c.v_seq[s].data(), slots, n);
+    if (f16) {
+      backend.kv_store(DType::kF16, c.k_pool16.data(), c.k_row, c.k_seq[s].data(), slots, n);
+      backend.kv_store(DType::kF16, c.v_pool16.data(), c.v_row, c.v_seq[s].data(), slots, n);
+    }
   }
 
   std::vector<std::pair<int32_t, int32_t>> tokens;  // (sequence, position)
@@ -220,8 +251,8 @@ void check_paged_attention(Backend& backend, const Shape& sh, const std::vector<
                  " n_new " + std::to_string(seqs[s].n_new));
     const int n_ctx = seqs[s].n_ctx;
     std::vector<float> k(n_ctx * c.k_row), v(n_ctx * c.v_row);
-    backend.kv_gather(c.k_pool.data(), c.k_row, c.slots[s].data(), n_ctx, k.data());
-    backend.kv_gather(c.v_pool.data(), c.v_row, c.slots[s].data(), n_ctx, v.data());
+    backend.kv_gather(DType::kF32, c.k_pool.data(), c.k_row, c.slots[s].data(), n_ctx, k.data());
+    backend.kv_gather(DType::kF32, c.v_pool.data(), c.v_row, c.slots[s].data(), n_ctx, v.data());
     ASSERT_EQ(k, c.k_seq[s]);
     ASSERT_EQ(v, c.v_seq[s]);
 
@@ -360,18 +391,29 @@ TEST_P(PagedAttentionTest, LargeScoresStayFinite) {
   const int64_t offsets[2] = {0, 5};
   PagedBatch batch{1, &pos, &seq, 1, table.data(), offsets, bs};
   std::vector<float> out(hd);
-  backend_->paged_attention(q.data(), k.data(), v.data(), out.data(), batch, 1, 1, hd, hd, 1.0f);
+  backend_->paged_attention(q.data(), DType::kF32, k.data(), v.data(), out.data(), batch, 1, 1,
+                            hd, hd, 1.0f);
   EXPECT_NEAR(out[1], 50.0f, 1e-4f);
   EXPECT_EQ(out[0], 0.0f);
+  // The same in F16 (every value here is a half).
+  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  for (size_t i = 0; i < k.size(); ++i) k16[i] = f32_to_f16(k[i]);
+  for (size_t i = 0; i < v.size(); ++i) v16[i] = f32_to_f16(v[i]);
+  std::vector<float> out16(hd);
+  backend_->paged_attention(q.data(), DType::kF16, k16.data(), v16.data(), out16.data(), batch, 1,
+                            1, hd, hd, 1.0f);
+  EXPECT_EQ(out16, out);
 }
 
 TEST_P(PagedAttentionTest, EmptyBatchIsANoOp) {
   PagedBatch batch;
   const int64_t offsets[1] = {0};
   batch.block_table_offsets = offsets;
-  backend_->paged_attention(nullptr, nullptr, nullptr, nullptr, batch, 4, 2, 64, 64, 0.125f);
-  backend_->kv_store(nullptr, 64, nullptr, nullptr, 0);
-  backend_->kv_gather(nullptr, 64, nullptr, 0, nullptr);
+  for (DType t : {DType::kF32, DType::kF16}) {
+    backend_->paged_attention(nullptr, t, nullptr, nullptr, nullptr, batch, 4, 2, 64, 64, 0.125f);
+    backend_->kv_store(t, nullptr, 64, nullptr, nullptr, 0);
+    backend_->kv_gather(t, nullptr, 64, nullptr, 0, nullptr);
+  }
 }
 
 // Store then gather, on a batch big enough to be split over the threads: exact.
@@ -384,13 +426,137 @@ TEST_P(PagedAttentionTest, StoreGatherRoundTrip) {
     std::vector<int64_t> slots(all.begin(), all.begin() + n);
     std::vector<float> pool(n_slots * row, -7.0f);
     std::vector<float> x = random_floats(n * row, rng_);
-    backend_->kv_store(pool.data(), row, x.data(), slots.data(), n);
+    backend_->kv_store(DType::kF32, pool.data(), row, x.data(), slots.data(), n);
     std::vector<float> back(n * row);
-    backend_->kv_gather(pool.data(), row, slots.data(), n, back.data());
+    backend_->kv_gather(DType::kF32, pool.data(), row, slots.data(), n, back.data());
     EXPECT_EQ(back, x);
     // Slots not stored to are untouched.
     for (int64_t i = n; i < n_slots; ++i) {
       for (int64_t j = 0; j < row; ++j) ASSERT_EQ(pool[all[i] * row + j], -7.0f);
+    }
+  }
+}
+
+// F16 store then gather: kv_store rounds as f32_to_f16 and kv_gather converts as
+// f16_to_f32 (tensor/half.h, itself checked against F16C), bit for bit on every level,
+// for rows no vector width divides and values that exercise rounding: ties, subnormals,
+// overflow to infinity, infinities and NaN. Slots not stored to are untouched.
+TEST_P(PagedAttentionTest, F16StoreGatherRoundsToNearestEven) {
+  std::uniform_int_distribution<uint32_t> any_bits;
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (int64_t row : {int64_t{1}, int64_t{576}, int64_t{37}, int64_t{64}}) {
+    const int64_t n_slots = 1000, n = 300;
+    std::vector<int64_t> all(n_slots);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng_);
+    std::vector<int64_t> slots(all.begin(), all.begin() + n);
+    std::vector<float> x(n * row);
+    for (int64_t i = 0; i < n * row; ++i) {
+      switch (i % 6) {
+        case 0: x[i] = unit(rng_); break;
+        case 1: x[i] = std::ldexp(unit(rng_), -14 - static_cast<int>(i % 13)); break;
+        case 2: x[i] = unit(rng_) * 70000.0f; break;  // some overflow to inf
+        case 3: {  // a tie: a half plus half its last place
+          const float h = f16_to_f32(static_cast<uint16_t>(any_bits(rng_) & 0x7bff));
+          x[i] = h + std::ldexp(1.0f, std::ilogb(h == 0.0f ? 1.0f : h) - 11);
+          break;
+        }
+        case 4: {
+          const uint32_t b = any_bits(rng_);
+          std::memcpy(&x[i], &b, 4);  // any float: NaN, inf, huge, tiny
+          break;
+        }
+        default: x[i] = static_cast<float>(i % 7) * 0.25f; break;
+      }
+    }
+    std::vector<uint16_t> pool(n_slots * row, 0x1234);
+    backend_->kv_store(DType::kF16, pool.data(), row, x.data(), slots.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < row; ++j) {
+        ASSERT_EQ(pool[slots[i] * row + j], f32_to_f16(x[i * row + j]))
+            << "row " << row << " value " << x[i * row + j];
+      }
+    }
+    for (int64_t i = n; i < n_slots; ++i) {
+      for (int64_t j = 0; j < row; ++j) ASSERT_EQ(pool[all[i] * row + j], 0x1234);
+    }
+    std::vector<float> back(n * row);
+    backend_->kv_gather(DType::kF16, pool.data(), row, slots.data(), n, back.data());
+    for (int64_t i = 0; i < n * row; ++i) {
+      const float want = f16_to_f32(f32_to_f16(x[i]));
+      uint32_t a, b;
+      std::memcpy(&a, &back[i], 4);
+      std::memcpy(&b, &want, 4);
+      ASSERT_EQ(a, b) << "value " << x[i];
+    }
+  }
+}
+
+// An F16 pool gives bit for bit the output of an F32 pool holding the same values,
+// for decodes, prefill chunks and long (split) contexts, block sizes 16 and 128, GQA,
+// head sizes no vector width divides, and MLA's shared latent pool.
+TEST_P(PagedAttentionTest, F16PoolEqualsF32PoolOfTheSameValues) {
+  const std::vector<SeqStep> seqs = {{1, 1},     {6, 6},  {40, 1}, {129, 29},
+                                     {300, 1},   {17, 1}, {1100, 1}};
+  for (const Shape& sh :
+       {Shape{16, 9, 3, 64, 64}, Shape{128, 9, 3, 64, 64}, Shape{16, 6, 2, 48, 40},
+        Shape{128, 3, 3, 7, 9}, Shape{16, 8, 1, 128, 128}, Shape{16, 16, 1, 576, 576, true},
+        Shape{128, 16, 1, 576, 576, true}, Shape{16, 5, 1, 40, 40, true}}) {
+    SCOPED_TRACE(shape_name(sh));
+    const PagedCase c = make_case(*backend_, sh, seqs, rng_, /*f16=*/true);
+    const std::vector<float> want = c.run(*backend_, {}, DType::kF32);
+    const std::vector<float> got = c.run(*backend_, {}, DType::kF16);
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    // Each sequence's rows gather back exactly from the F16 pool.
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      std::vector<float> k(seqs[s].n_ctx * c.k_row);
+      backend_->kv_gather(DType::kF16, c.k_pool16.data(), c.k_row, c.slots[s].data(),
+                          seqs[s].n_ctx, k.data());
+      ASSERT_EQ(k, c.k_seq[s]);
+    }
+  }
+}
+
+// The F16 path against attention written as plain loops in double (scores, max,
+// softmax, weighted sum) on the same F16-rounded keys and values.
+TEST_P(PagedAttentionTest, F16PoolMatchesNaiveAttention) {
+  const std::vector<SeqStep> seqs = {{1, 1}, {33, 1}, {129, 29}, {400, 1}, {70, 70}};
+  for (const Shape& sh : {Shape{16, 9, 3, 64, 64}, Shape{128, 4, 2, 48, 32},
+                          Shape{16, 16, 1, 72, 72, true}}) {
+    SCOPED_TRACE(shape_name(sh));
+    const PagedCase c = make_case(*backend_, sh, seqs, rng_, /*f16=*/true);
+    const std::vector<float> got = c.run(*backend_, {}, DType::kF16);
+    const int group = sh.n_heads / sh.n_kv_heads;
+    for (int64_t t = 0; t < c.n_tokens(); ++t) {
+      const int s = c.seq_of_token[t];
+      const int n_ctx = c.positions[t] + 1;
+      for (int h = 0; h < sh.n_heads; ++h) {
+        const int kvh = h / group;
+        const float* q = &c.q[t * c.q_row + int64_t{h} * sh.head_dim];
+        std::vector<double> score(n_ctx);
+        double mx = -INFINITY;
+        for (int p = 0; p < n_ctx; ++p) {
+          const float* k = &c.k_seq[s][p * c.k_row + int64_t{kvh} * sh.head_dim];
+          double dot = 0.0;
+          for (int d = 0; d < sh.head_dim; ++d) dot += double{q[d]} * k[d];
+          score[p] = dot * c.scale;
+          mx = std::max(mx, score[p]);
+        }
+        double sum = 0.0;
+        for (int p = 0; p < n_ctx; ++p) sum += score[p] = std::exp(score[p] - mx);
+        for (int d = 0; d < sh.v_dim; ++d) {
+          double o = 0.0;
+          for (int p = 0; p < n_ctx; ++p) {
+            o += score[p] * c.v_seq[s][p * c.v_row + int64_t{kvh} * sh.v_dim + d];
+          }
+          const double want = o / sum;
+          const float g = got[t * c.o_row + int64_t{h} * sh.v_dim + d];
+          ASSERT_NEAR(g, want, 1e-5 * std::max(1.0, std::fabs(want)))
+              << "position " << c.positions[t] << " head " << h << " dim " << d;
+        }
+      }
     }
   }
 }

@@ -15,7 +15,7 @@ from conftest import run
 
 FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-len",
          "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
-         "--gpu-memory-utilization", "--kv-cache-memory", "--seed", "--dtype", "--quantization",
+         "--gpu-memory-utilization", "--kv-cache-memory", "--kv-cache-dtype", "--seed", "--dtype", "--quantization",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--chat-template",
          "--reasoning-parser", "--trust-remote-code", "--threads", "--log-level",
          "--shutdown-timeout", "--tensor-parallel-size"]
@@ -38,6 +38,7 @@ def test_help_lists_every_flag(dserve_bin):
     (["--gpu-memory-utilization", "0.000001"], "--kv-cache-memory"),
     (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
     (["--kv-cache-memory", "1000"], "--kv-cache-memory"),
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
     (["--reasoning-parser", "nope"], "reasoning-parser"),
     (["--chat-template", "/nonexistent/template.jinja"], "no such file"),
     (["--chat-template", "{% if %}"], "chat template"),

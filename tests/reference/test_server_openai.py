@@ -27,10 +27,13 @@ TIE_MARGIN = 0.1
 def server(dserve_bin, default_model, tmp_path_factory):
     server_util.DEFAULT_MODEL = default_model
     log = tmp_path_factory.mktemp("serve") / "serve.log"
+    # A float32 KV cache: greedy text and prompt logprobs are compared with transformers
+    # (float32 keys and values) up to tight near-tie margins.
     with server_util.running(dserve_bin, default_model, "--api-key", API_KEY,
                              "--served-model-name", "smollm2", "--max-model-len", MAX_MODEL_LEN,
                              "--max-num-seqs", 64, "--threads", 2, "--seed", 0,
-                             "--max-body-bytes", MAX_BODY, log_path=log) as s:
+                             "--max-body-bytes", MAX_BODY, "--kv-cache-dtype", "float32",
+                             log_path=log) as s:
         yield s
 
 

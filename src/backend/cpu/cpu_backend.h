@@ -47,13 +47,13 @@ class CpuBackend final : public Backend {
                  const int32_t* positions, int64_t n_kv, int n_heads, int n_kv_heads,
                  int head_dim, int v_dim, float scale) override;
   // Paged KV cache ops, in paged_attention.cc.
-  void kv_store(float* pool, int64_t row, const float* x, const int64_t* slots,
+  void kv_store(DType kv_dtype, void* pool, int64_t row, const float* x, const int64_t* slots,
                 int64_t n) override;
-  void kv_gather(const float* pool, int64_t row, const int64_t* slots, int64_t n,
+  void kv_gather(DType kv_dtype, const void* pool, int64_t row, const int64_t* slots, int64_t n,
                  float* out) override;
-  void paged_attention(const float* q, const float* k_pool, const float* v_pool, float* out,
-                       const PagedBatch& batch, int n_heads, int n_kv_heads, int head_dim,
-                       int v_dim, float scale) override;
+  void paged_attention(const float* q, DType kv_dtype, const void* k_pool, const void* v_pool,
+                       float* out, const PagedBatch& batch, int n_heads, int n_kv_heads,
+                       int head_dim, int v_dim, float scale) override;
 
  private:
   // A float copy of a small vector parameter (norm weight, bias) in any float dtype;

@@ -148,12 +148,15 @@ inline constexpr int kNumDTypes = 9;
 //   s_j = scale * q_i . k_j,   m' = max(m, max_j s_j),   c = exp(m - m'),
 //   l' = l c + sum_j exp(s_j - m'),   acc' = acc c + sum_j exp(s_j - m') v_j.
 // Start with m = -inf, l = 0, acc = 0; the output is acc / l.
+// K and V rows are floats (attn_step_f32) or IEEE halves (attn_step_f16, the F16 KV
+// cache): the F16 step converts each element exactly and then does the F32 step's
+// arithmetic in the same order, so both give the same bits for the same values.
 struct AttnStepArgs {
   const float* const* q;     // [n_q] pointers to query rows [head_dim]
   const int64_t* n_visible;  // [n_q]
   int n_q;
-  const float* k;  // n_keys rows [head_dim], k_stride floats apart
-  const float* v;  // n_keys rows [v_dim], v_stride floats apart
+  const void* k;  // n_keys rows [head_dim], k_stride elements apart
+  const void* v;  // n_keys rows [v_dim], v_stride elements apart
   int64_t k_stride, v_stride, n_keys;
   int head_dim, v_dim;
   float scale;
@@ -190,7 +193,12 @@ struct KernelTable {
   void (*add_f32)(float* x, const float* y, int64_t n);  // x += y
   // x[i] = exp(x[i] - max) for i < n; returns the sum of the new values.
   float (*exp_sub_sum_f32)(float* x, float max, int64_t n);
-  void (*attn_step_f32)(const AttnStepArgs& a);  // see AttnStepArgs
+  void (*attn_step_f32)(const AttnStepArgs& a);  // see AttnStepArgs; float K/V
+  void (*attn_step_f16)(const AttnStepArgs& a);  // the same over IEEE-half K/V
+  // Row conversions for the F16 KV cache: round to nearest even (as f32_to_f16 in
+  // tensor/half.h, bit for bit on every level), and back exactly.
+  void (*f32_to_f16_row)(const float* x, uint16_t* out, int64_t n);
+  void (*f16_to_f32_row)(const uint16_t* x, float* out, int64_t n);
 };
 
 const KernelTable& kernels_scalar();

@@ -270,15 +270,25 @@ float exp_sub_sum_f32(float* x, float max, int64_t n) {
   return sum;
 }
 
-// The plain online-softmax step (kernels.h), one query at a time.
-void attn_step_f32(const AttnStepArgs& a) {
+// A KV row element as float: floats as they are, halves converted exactly.
+inline float kv_load(const float* p, int64_t i) { return p[i]; }
+inline float kv_load(const uint16_t* p, int64_t i) { return f16_to_f32(p[i]); }
+
+// The plain online-softmax step (kernels.h), one query at a time, over K/V rows of
+// Elem (float or IEEE half): the same operations in the same order for both.
+template <typename Elem>
+void attn_step(const AttnStepArgs& a) {
+  const Elem* k = static_cast<const Elem*>(a.k);
+  const Elem* v = static_cast<const Elem*>(a.v);
   for (int i = 0; i < a.n_q; ++i) {
     const int64_t n = std::min(a.n_keys, a.n_visible[i]);
     if (n <= 0) continue;
     float* s = a.scores;
     float block_max = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
-      s[j] = dot_f32(a.q[i], a.k + j * a.k_stride, a.head_dim) * a.scale;
+      const Elem* kr = k + j * a.k_stride;
+      s[j] = dot_float_row([kr](int64_t d) { return kv_load(kr, d); }, a.q[i], a.head_dim) *
+             a.scale;
       block_max = std::fmax(block_max, s[j]);
     }
     const float m = std::fmax(a.m[i], block_max);
@@ -286,10 +296,21 @@ void attn_step_f32(const AttnStepArgs& a) {
     const float sum = exp_sub_sum_f32(s, m, n);
     float* acc = a.acc + int64_t{i} * a.v_dim;
     scale_f32(correction, acc, a.v_dim);
-    for (int64_t j = 0; j < n; ++j) axpy_f32(s[j], a.v + j * a.v_stride, acc, a.v_dim);
+    for (int64_t j = 0; j < n; ++j) {
+      const Elem* vr = v + j * a.v_stride;
+      for (int d = 0; d < a.v_dim; ++d) acc[d] += s[j] * kv_load(vr, d);
+    }
     a.l[i] = a.l[i] * correction + sum;
     a.m[i] = m;
   }
+}
+
+void f32_to_f16_row(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+
+void f16_to_f32_row(const uint16_t* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(x[i]);
 }
 
 KernelTable make_table() {
@@ -314,7 +335,10 @@ KernelTable make_table() {
   t.silu_mul_f32 = silu_mul_f32;
   t.add_f32 = add_f32;
   t.exp_sub_sum_f32 = exp_sub_sum_f32;
-  t.attn_step_f32 = attn_step_f32;
+  t.attn_step_f32 = attn_step<float>;
+  t.attn_step_f16 = attn_step<uint16_t>;
+  t.f32_to_f16_row = f32_to_f16_row;
+  t.f16_to_f32_row = f16_to_f32_row;
   return t;
 }
 

@@ -771,16 +771,75 @@ float exp_sub_sum_f32_x86(float* x, float max, int64_t n) {
   return sum;
 }
 
+// ---- F16 KV cache rows ----
+
+// Round to nearest even whatever MXCSR says (the immediate chooses the rounding), the
+// same bits as f32_to_f16 in tensor/half.h.
+void f32_to_f16_row_x86(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) out[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+void f16_to_f32_row_x86(const uint16_t* x, float* out, int64_t n) {
+  constexpr int W = VecF::kWidth;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) VecF::store(out + i, VecF::load_f16(x + i));
+  for (; i < n; ++i) out[i] = _cvtsh_ss(x[i]);
+}
+
 // ---- attention ----
 
-// The online-softmax step (kernels.h). Query-major: the step's keys and values (at
-// most a block) stay in L1 while every query of the group reads them, so each K/V
-// row comes from memory once. Scores four keys at a time (independent accumulators,
-// one transposing reduction); the weighted sum of values four vectors of v_dim at a
-// time, so the FMA chains are independent.
-void attn_step_f32_x86(const AttnStepArgs& a) {
+// K/V elements as floats: float rows as they are, half rows converted exactly
+// (vcvtph2ps; with AVX-512, 16 halves per instruction).
+inline VecF::T load_kv(const float* p) { return VecF::load(p); }
+inline VecF::T load_kv(const uint16_t* p) { return VecF::load_f16(p); }
+inline float load_kv1(const float* p) { return *p; }
+inline float load_kv1(const uint16_t* p) { return _cvtsh_ss(*p); }
+// a * b + c rounded once. The scalar tails below spell out their fused multiply-adds:
+// left to contraction, the compiler may fuse a different product of a sum in the
+// float and the half instantiation, and the two would round differently.
+inline float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+// dot(q, k) for n values of a float query and a K row of Elem, accumulated as
+// dot_f32_x86 does.
+template <typename Elem>
+float dot_kv_x86(const float* q, const Elem* k, int64_t n) {
+  constexpr int W = VecF::kWidth;
+  VecF::T acc0 = VecF::zero(), acc1 = VecF::zero();
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    acc0 = VecF::fma(VecF::load(q + i), load_kv(k + i), acc0);
+    acc1 = VecF::fma(VecF::load(q + i + W), load_kv(k + i + W), acc1);
+  }
+  for (; i + W <= n; i += W) acc0 = VecF::fma(VecF::load(q + i), load_kv(k + i), acc0);
+  float s = VecF::sum(VecF::add(acc0, acc1));
+  for (; i < n; ++i) s = fma1(q[i], load_kv1(k + i), s);
+  return s;
+}
+
+// The online-softmax step (kernels.h) over K/V rows of Elem (float, or uint16_t for
+// IEEE halves: converted on load, then the same arithmetic in the same order).
+// Query-major: the step's keys and values (at most a block) stay in L1 while every
+// query of the group reads them, so each K/V row comes from memory once. Scores four
+// keys at a time (independent accumulators, one transposing reduction); the weighted
+// sum of values four vectors of v_dim at a time, so the FMA chains are independent.
+template <typename Elem>
+void attn_step_x86(const AttnStepArgs& a) {
   constexpr int W = VecF::kWidth;
   const int hd = a.head_dim, vd = a.v_dim;
+  const Elem* k = static_cast<const Elem*>(a.k);
+  const Elem* v = static_cast<const Elem*>(a.v);
   for (int i = 0; i < a.n_q; ++i) {
     // (Plain comparisons, not std::min / std::fmax: see the top of this file.)
     const int64_t n = a.n_visible[i] < a.n_keys ? a.n_visible[i] : a.n_keys;
@@ -789,33 +848,33 @@ void attn_step_f32_x86(const AttnStepArgs& a) {
     float* s = a.scores;
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
-      const float* k0 = a.k + j * a.k_stride;
-      const float* k1 = k0 + a.k_stride;
-      const float* k2 = k1 + a.k_stride;
-      const float* k3 = k2 + a.k_stride;
+      const Elem* k0 = k + j * a.k_stride;
+      const Elem* k1 = k0 + a.k_stride;
+      const Elem* k2 = k1 + a.k_stride;
+      const Elem* k3 = k2 + a.k_stride;
       VecF::T c0 = VecF::zero(), c1 = VecF::zero(), c2 = VecF::zero(), c3 = VecF::zero();
       int d = 0;
       for (; d + W <= hd; d += W) {
         const VecF::T qv = VecF::load(q + d);
-        c0 = VecF::fma(qv, VecF::load(k0 + d), c0);
-        c1 = VecF::fma(qv, VecF::load(k1 + d), c1);
-        c2 = VecF::fma(qv, VecF::load(k2 + d), c2);
-        c3 = VecF::fma(qv, VecF::load(k3 + d), c3);
+        c0 = VecF::fma(qv, load_kv(k0 + d), c0);
+        c1 = VecF::fma(qv, load_kv(k1 + d), c1);
+        c2 = VecF::fma(qv, load_kv(k2 + d), c2);
+        c3 = VecF::fma(qv, load_kv(k3 + d), c3);
       }
       __m128 sv = VecF::sum4(c0, c1, c2, c3);
       if (d < hd) {
         float t[4] = {0, 0, 0, 0};
         for (; d < hd; ++d) {
-          t[0] += q[d] * k0[d];
-          t[1] += q[d] * k1[d];
-          t[2] += q[d] * k2[d];
-          t[3] += q[d] * k3[d];
+          t[0] = fma1(q[d], load_kv1(k0 + d), t[0]);
+          t[1] = fma1(q[d], load_kv1(k1 + d), t[1]);
+          t[2] = fma1(q[d], load_kv1(k2 + d), t[2]);
+          t[3] = fma1(q[d], load_kv1(k3 + d), t[3]);
         }
         sv = _mm_add_ps(sv, _mm_loadu_ps(t));
       }
       _mm_storeu_ps(s + j, _mm_mul_ps(sv, _mm_set1_ps(a.scale)));
     }
-    for (; j < n; ++j) s[j] = dot_f32_x86(q, a.k + j * a.k_stride, hd) * a.scale;
+    for (; j < n; ++j) s[j] = dot_kv_x86(q, k + j * a.k_stride, hd) * a.scale;
     float block_max = s[0];
     for (j = 1; j < n; ++j) block_max = s[j] > block_max ? s[j] : block_max;
 
@@ -834,12 +893,12 @@ void attn_step_f32_x86(const AttnStepArgs& a) {
       VecF::T r2 = VecF::mul(VecF::load(acc + d + 2 * W), cv);
       VecF::T r3 = VecF::mul(VecF::load(acc + d + 3 * W), cv);
       for (int64_t jj = 0; jj < n; ++jj) {
-        const float* vr = a.v + jj * a.v_stride + d;
+        const Elem* vr = v + jj * a.v_stride + d;
         const VecF::T p = VecF::set1(s[jj]);
-        r0 = VecF::fma(p, VecF::load(vr), r0);
-        r1 = VecF::fma(p, VecF::load(vr + W), r1);
-        r2 = VecF::fma(p, VecF::load(vr + 2 * W), r2);
-        r3 = VecF::fma(p, VecF::load(vr + 3 * W), r3);
+        r0 = VecF::fma(p, load_kv(vr), r0);
+        r1 = VecF::fma(p, load_kv(vr + W), r1);
+        r2 = VecF::fma(p, load_kv(vr + 2 * W), r2);
+        r3 = VecF::fma(p, load_kv(vr + 3 * W), r3);
       }
       VecF::store(acc + d, r0);
       VecF::store(acc + d + W, r1);
@@ -850,16 +909,16 @@ void attn_step_f32_x86(const AttnStepArgs& a) {
       VecF::T r0 = VecF::mul(VecF::load(acc + d), cv), r1 = VecF::zero();
       int64_t jj = 0;
       for (; jj + 2 <= n; jj += 2) {
-        const float* vr = a.v + jj * a.v_stride + d;
-        r0 = VecF::fma(VecF::set1(s[jj]), VecF::load(vr), r0);
-        r1 = VecF::fma(VecF::set1(s[jj + 1]), VecF::load(vr + a.v_stride), r1);
+        const Elem* vr = v + jj * a.v_stride + d;
+        r0 = VecF::fma(VecF::set1(s[jj]), load_kv(vr), r0);
+        r1 = VecF::fma(VecF::set1(s[jj + 1]), load_kv(vr + a.v_stride), r1);
       }
-      if (jj < n) r0 = VecF::fma(VecF::set1(s[jj]), VecF::load(a.v + jj * a.v_stride + d), r0);
+      if (jj < n) r0 = VecF::fma(VecF::set1(s[jj]), load_kv(v + jj * a.v_stride + d), r0);
       VecF::store(acc + d, VecF::add(r0, r1));
     }
     for (; d < vd; ++d) {
       float r = acc[d] * correction;
-      for (int64_t jj = 0; jj < n; ++jj) r += s[jj] * a.v[jj * a.v_stride + d];
+      for (int64_t jj = 0; jj < n; ++jj) r = fma1(s[jj], load_kv1(v + jj * a.v_stride + d), r);
       acc[d] = r;
     }
   }
@@ -887,7 +946,10 @@ KernelTable make_x86_table(CpuIsa isa) {
   t.silu_mul_f32 = silu_mul_f32_x86;
   t.add_f32 = add_f32_x86;
   t.exp_sub_sum_f32 = exp_sub_sum_f32_x86;
-  t.attn_step_f32 = attn_step_f32_x86;
+  t.attn_step_f32 = attn_step_x86<float>;
+  t.attn_step_f16 = attn_step_x86<uint16_t>;
+  t.f32_to_f16_row = f32_to_f16_row_x86;
+  t.f16_to_f32_row = f16_to_f32_row_x86;
   return t;
 }
 

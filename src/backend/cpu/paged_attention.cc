@@ -2,12 +2,17 @@
 // batch and pool slots) and paged_attention (causal GQA for a ragged batch of tokens
 // from several sequences, each reading its keys and values through its block table).
 //
+// The pools hold F32 or F16 (IEEE half) elements: kv_store rounds to nearest even,
+// kv_gather and the attention kernels convert back exactly and compute in FP32; the
+// tiling and the order of every operation are the same for both, so an F16 pool
+// gives the same bits as an F32 pool holding the same values.
+//
 // paged_attention: one pass over the keys with an online softmax, no gather copy.
 // A tile is a set of queries that share a KV head (the GQA group of a decode token,
 // or a few consecutive tokens of a prefill chunk times their group). A tile walks its
 // sequence's block table and hands each run of consecutive slots to the kernel
-// table's attn_step_f32 (kernels.h), so each K/V row is read from memory once per
-// tile.
+// table's attn_step_f32 / attn_step_f16 (kernels.h), so each K/V row is read from
+// memory once per tile.
 //
 // Batch invariance: a token's output is bit-for-bit the same whatever else is in the
 // batch and however many threads run it (the engine relies on this: a request gives
@@ -20,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/check.h"
@@ -27,8 +33,8 @@
 namespace dserve::cpu {
 namespace {
 
-// Below this many floats a row copy runs on the calling thread.
-constexpr int64_t kParallelCopyFloats = 1 << 15;
+// Below this many elements a row copy runs on the calling thread.
+constexpr int64_t kParallelCopyElems = 1 << 15;
 
 // Most queries in one tile (its state lives in scratch), and most keys per kernel
 // step: 32 rows of K and V of a 128-dim head are 32 KiB, which stay in L1 / L2 while
@@ -44,9 +50,9 @@ constexpr int64_t kSplitKeys = 256;
 // run in one task.
 constexpr int64_t kMaxPartialFloats = int64_t{1} << 23;
 
-// Prefetches n rows of `len` floats, `stride` floats apart: every cache line each
-// row touches.
-inline void prefetch_rows(const float* p, int64_t stride, int len, int64_t n) {
+// Prefetches n rows of `len` bytes, `stride` bytes apart: every cache line each row
+// touches.
+inline void prefetch_rows(const char* p, int64_t stride, int64_t len, int64_t n) {
   constexpr uintptr_t kLine = 64;
   for (int64_t j = 0; j < n; ++j, p += stride) {
     const uintptr_t last = reinterpret_cast<uintptr_t>(p + len - 1);
@@ -54,6 +60,14 @@ inline void prefetch_rows(const float* p, int64_t stride, int len, int64_t n) {
       __builtin_prefetch(reinterpret_cast<const void*>(a));
     }
   }
+}
+
+// Bytes of one pool element; CHECKs that the backend reads this KV dtype.
+int64_t kv_elem_bytes(DType kv_dtype) {
+  DS_CHECK_MSG(kv_dtype == DType::kF32 || kv_dtype == DType::kF16,
+               "paged KV cache of %s: only f32 and f16 are supported",
+               std::string(dtype_name(kv_dtype)).c_str());
+  return kv_dtype == DType::kF32 ? 4 : 2;
 }
 
 // Online-softmax state of up to kMaxQueries queries, in one float array:
@@ -93,43 +107,61 @@ struct SoftmaxState {
 
 }  // namespace
 
-void CpuBackend::kv_store(float* pool, int64_t row, const float* x, const int64_t* slots,
-                          int64_t n) {
+void CpuBackend::kv_store(DType kv_dtype, void* pool, int64_t row, const float* x,
+                          const int64_t* slots, int64_t n) {
+  const int64_t elem = kv_elem_bytes(kv_dtype);
   for (int64_t i = 0; i < n; ++i) {
     DS_CHECK_MSG(slots[i] >= 0, "negative KV slot %lld", static_cast<long long>(slots[i]));
   }
+  char* base = static_cast<char*>(pool);
   auto rows = [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
-      std::memcpy(pool + slots[i] * row, x + i * row, static_cast<size_t>(row) * sizeof(float));
+      char* dst = base + slots[i] * row * elem;
+      if (kv_dtype == DType::kF16) {
+        kernels_.f32_to_f16_row(x + i * row, reinterpret_cast<uint16_t*>(dst), row);
+      } else {
+        std::memcpy(dst, x + i * row, static_cast<size_t>(row) * sizeof(float));
+      }
     }
   };
-  if (n * row < kParallelCopyFloats) {
+  if (n * row < kParallelCopyElems) {
     rows(0, n, 0);
   } else {
     pool_.parallel_for(n, 1, rows);
   }
 }
 
-void CpuBackend::kv_gather(const float* pool, int64_t row, const int64_t* slots, int64_t n,
-                           float* out) {
+void CpuBackend::kv_gather(DType kv_dtype, const void* pool, int64_t row, const int64_t* slots,
+                           int64_t n, float* out) {
+  const int64_t elem = kv_elem_bytes(kv_dtype);
   for (int64_t i = 0; i < n; ++i) {
     DS_CHECK_MSG(slots[i] >= 0, "negative KV slot %lld", static_cast<long long>(slots[i]));
   }
+  const char* base = static_cast<const char*>(pool);
   auto rows = [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
-      std::memcpy(out + i * row, pool + slots[i] * row, static_cast<size_t>(row) * sizeof(float));
+      const char* src = base + slots[i] * row * elem;
+      if (kv_dtype == DType::kF16) {
+        kernels_.f16_to_f32_row(reinterpret_cast<const uint16_t*>(src), out + i * row, row);
+      } else {
+        std::memcpy(out + i * row, src, static_cast<size_t>(row) * sizeof(float));
+      }
     }
   };
-  if (n * row < kParallelCopyFloats) {
+  if (n * row < kParallelCopyElems) {
     rows(0, n, 0);
   } else {
     pool_.parallel_for(n, 1, rows);
   }
 }
 
-void CpuBackend::paged_attention(const float* q, const float* k_pool, const float* v_pool,
-                                 float* out, const PagedBatch& batch, int n_heads, int n_kv_heads,
-                                 int head_dim, int v_dim, float scale) {
+void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_pool,
+                                 const void* v_pool, float* out, const PagedBatch& batch,
+                                 int n_heads, int n_kv_heads, int head_dim, int v_dim,
+                                 float scale) {
+  const int64_t elem = kv_elem_bytes(kv_dtype);
+  void (*const attn_step)(const AttnStepArgs&) =
+      kv_dtype == DType::kF16 ? kernels_.attn_step_f16 : kernels_.attn_step_f32;
   DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
   DS_CHECK(batch.block_size > 0);
   const int64_t n_tokens = batch.n_tokens;
@@ -189,7 +221,7 @@ void CpuBackend::paged_attention(const float* q, const float* k_pool, const floa
   float* partials =
       split_tasks ? partials_.get_as<float>(n_tiles * n_splits * state_floats) : nullptr;
 
-  const int64_t k_stride = int64_t{n_kv_heads} * head_dim;  // floats between slots
+  const int64_t k_stride = int64_t{n_kv_heads} * head_dim;  // elements between slots
   const int64_t v_stride = int64_t{n_kv_heads} * v_dim;
 
   // Runs split `split` of `tile` into `st` (cleared first); scores: [kKeyStep] scratch.
@@ -233,8 +265,9 @@ void CpuBackend::paged_attention(const float* q, const float* k_pool, const floa
       *slot = int64_t{table[p0 / bs]} * bs + p0 % bs;
       return std::min({kKeyStep, bs - p0 % bs, end - p0});
     };
-    const float* k_head = k_pool + int64_t{kvh} * head_dim;
-    const float* v_head = v_pool + int64_t{kvh} * v_dim;
+    // This KV head's part of slot 0, in bytes (elements of kv_dtype).
+    const char* k_head = static_cast<const char*>(k_pool) + int64_t{kvh} * head_dim * elem;
+    const char* v_head = static_cast<const char*>(v_pool) + int64_t{kvh} * v_dim * elem;
     int64_t slot = 0;
     int64_t n_keys = step_at(begin, &slot);
     for (int64_t p0 = begin; p0 < end;) {
@@ -242,14 +275,16 @@ void CpuBackend::paged_attention(const float* q, const float* k_pool, const floa
       int64_t next_slot = 0, next_n_keys = 0;
       if (p1 < end) {
         next_n_keys = step_at(p1, &next_slot);
-        prefetch_rows(k_head + next_slot * k_stride, k_stride, head_dim, next_n_keys);
-        prefetch_rows(v_head + next_slot * v_stride, v_stride, v_dim, next_n_keys);
+        prefetch_rows(k_head + next_slot * k_stride * elem, k_stride * elem, head_dim * elem,
+                      next_n_keys);
+        prefetch_rows(v_head + next_slot * v_stride * elem, v_stride * elem, v_dim * elem,
+                      next_n_keys);
       }
       for (int i = 0; i < n_q; ++i) n_visible[i] = n_ctx[i] - p0;
-      args.k = k_head + slot * k_stride;
-      args.v = v_head + slot * v_stride;
+      args.k = k_head + slot * k_stride * elem;
+      args.v = v_head + slot * v_stride * elem;
       args.n_keys = n_keys;
-      kernels_.attn_step_f32(args);
+      attn_step(args);
       p0 = p1;
       slot = next_slot;
       n_keys = next_n_keys;

@@ -2,6 +2,9 @@
 // chunked, preempted and prefix-cached runs equal each request run alone through
 // CausalLm::forward; bad requests are refused without disturbing the others; aborts
 // and finishes return every block; seeded sampling does not depend on the batch.
+// Tests that compare with forward() (whose contiguous cache is F32) pin the paged
+// cache to F32; with the default F16 cache, batched and preempted runs equal each
+// request alone through an F16 engine, and an F16 cache holds twice the blocks.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -44,11 +47,12 @@ class EngineTest : public ::testing::Test {
     model_ = std::move(*m);
   }
 
-  EngineConfig config(int n_blocks, int block_size = 4) const {
+  EngineConfig config(int n_blocks, int block_size = 4, DType kv_dtype = DType::kF32) const {
     EngineConfig c;
     c.block_size = block_size;
-    c.kv_cache_memory =
-        int64_t{n_blocks} * block_size * static_cast<int64_t>(model_->paged_bytes_per_token());
+    c.kv_cache_dtype = kv_dtype;
+    c.kv_cache_memory = int64_t{n_blocks} * block_size *
+                        static_cast<int64_t>(model_->paged_bytes_per_token(kv_dtype));
     // As long as the whole cache allows (a request must fit alone).
     c.max_model_len = std::min(kContext, n_blocks * block_size + 1);
     c.max_num_batched_tokens = 48;
@@ -136,6 +140,53 @@ TEST_F(EngineTest, PreemptionKeepsOutputs) {
   const EngineStats s = (*engine)->stats();
   EXPECT_GT(s.n_preemptions, 0);
   EXPECT_EQ(s.n_free_blocks, s.n_blocks);
+}
+
+// F16 KV cache: the same bits whatever the batch, so a batched (chunked) run and a
+// preempted one equal each request alone through an F16 engine of the same block size
+// (block boundaries cut the attention's key steps), token for token.
+TEST_F(EngineTest, F16CacheBatchedAndPreemptedRunsEqualAloneRuns) {
+  const std::vector<Req> reqs = random_requests(12, 100, 8);
+  auto alone_runs = [&](int block_size) {
+    std::vector<std::vector<int32_t>> out;
+    for (const Req& r : reqs) {
+      auto engine = LlmEngine::create(*model_, config(1600 / block_size, block_size, DType::kF16));
+      EXPECT_TRUE(engine.ok()) << engine.status().message();
+      if (!engine.ok()) break;
+      out.push_back(run(**engine, {r})[0]);
+    }
+    return out;
+  };
+  for (int block_size : {4, 16, 128}) {
+    auto engine = LlmEngine::create(*model_, config(1600 / block_size, block_size, DType::kF16));
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    EXPECT_EQ(run(**engine, reqs), alone_runs(block_size)) << "block size " << block_size;
+    EXPECT_EQ((*engine)->stats().n_preemptions, 0);
+  }
+  auto tight = LlmEngine::create(*model_, config(40, 4, DType::kF16));
+  ASSERT_TRUE(tight.ok()) << tight.status().message();
+  EXPECT_EQ(run(**tight, reqs), alone_runs(4));
+  const EngineStats s = (*tight)->stats();
+  EXPECT_GT(s.n_preemptions, 0);
+  EXPECT_EQ(s.n_free_blocks, s.n_blocks);
+}
+
+// The block budget counts the cache's real bytes: F16 halves bytes per token, so the
+// same memory holds twice the blocks.
+TEST_F(EngineTest, F16CacheHoldsTwiceTheBlocks) {
+  EXPECT_EQ(model_->paged_bytes_per_token(DType::kF32),
+            size_t{2} * kLayers * kKvHeads * kHeadDim * sizeof(float));
+  EXPECT_EQ(model_->paged_bytes_per_token(DType::kF16) * 2,
+            model_->paged_bytes_per_token(DType::kF32));
+  EngineConfig c = config(100);  // 100 F32 blocks' worth of memory
+  auto f32 = LlmEngine::create(*model_, c);
+  c.kv_cache_dtype = DType::kF16;
+  auto f16 = LlmEngine::create(*model_, c);
+  ASSERT_TRUE(f32.ok() && f16.ok());
+  EXPECT_EQ((*f32)->stats().n_blocks, 100);
+  EXPECT_EQ((*f16)->stats().n_blocks, 200);
+  c.kv_cache_dtype = DType::kBF16;
+  EXPECT_EQ(LlmEngine::create(*model_, c).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(EngineTest, PrefixCachingSkipsTheSharedPrefix) {

@@ -9,6 +9,8 @@
 //                      KV cache, as `dserve generate` runs it (the oracle); "margins"
 //                      holds, per request and output token, the gap between the two
 //                      best logits
+// --kv-cache-dtype auto / float16 (the default) or float32 sets the engine's paged KV
+// cache (solo mode always uses the float32 contiguous cache).
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -122,8 +124,12 @@ int main_impl(int argc, char** argv) {
   app.add_option("--max-model-len", ec.max_model_len);
   app.add_option("--threads", n_threads);
   app.add_flag("--no-enable-prefix-caching", no_prefix);
+  std::string kv_dtype = "auto";
+  app.add_option("--kv-cache-dtype", kv_dtype, "auto (float16), float16 or float32")
+      ->check(CLI::IsMember({"auto", "float16", "float32"}));
   CLI11_PARSE(app, argc, argv);
   ec.enable_prefix_caching = !no_prefix;
+  ec.kv_cache_dtype = kv_dtype == "float32" ? DType::kF32 : DType::kF16;
   set_log_level("warning");
 
   std::vector<Req> reqs;
@@ -164,7 +170,7 @@ int main_impl(int argc, char** argv) {
   } else {
     if (n_blocks > 0) {
       ec.kv_cache_memory = int64_t{n_blocks} * ec.block_size *
-                           static_cast<int64_t>((*model)->paged_bytes_per_token());
+                           static_cast<int64_t>((*model)->paged_bytes_per_token(ec.kv_cache_dtype));
     }
     Result<std::unique_ptr<LlmEngine>> engine = LlmEngine::create(**model, ec, backend->host_thread_pool());
     if (!engine.ok()) return fail(engine.status());
