@@ -90,7 +90,8 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.seed = o.seed;
   if (llm->tokenizer_) ec.extra_eos_ids = llm->tokenizer_->stop_ids();
-  DS_ASSIGN_OR_RETURN(llm->engine_, LlmEngine::create(*llm->model_, ec, llm->backend_->host_thread_pool()));
+  DS_ASSIGN_OR_RETURN(llm->engine_,
+                      LlmEngine::create(*llm->model_, ec, llm->backend_->host_thread_pool()));
   return llm;
 }
 

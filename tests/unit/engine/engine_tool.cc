@@ -172,7 +172,8 @@ int main_impl(int argc, char** argv) {
       ec.kv_cache_memory = int64_t{n_blocks} * ec.block_size *
                            static_cast<int64_t>((*model)->paged_bytes_per_token(ec.kv_cache_dtype));
     }
-    Result<std::unique_ptr<LlmEngine>> engine = LlmEngine::create(**model, ec, backend->host_thread_pool());
+    Result<std::unique_ptr<LlmEngine>> engine =
+        LlmEngine::create(**model, ec, backend->host_thread_pool());
     if (!engine.ok()) return fail(engine.status());
     if (mode == "batch") {
       status = run_engine(**engine, reqs, 0, reqs.size(), &outputs);
