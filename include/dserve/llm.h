@@ -19,12 +19,16 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/llm_engine.h"
+#include "engine/engine_output.h"
+#include "sampling/sample_result.h"
 #include "sampling/sampling_params.h"
+#include "tensor/dtype.h"
 
 namespace dserve {
 
 class Backend;
+class CausalLm;
+class LlmEngine;
 class Tokenizer;
 
 struct LlmOptions {
@@ -81,6 +85,9 @@ class LLM {
   Result<std::vector<CompletionOutput>> generate(const std::vector<Prompt>& prompts,
                                                  const std::vector<SamplingOptions>& options);
 
+  // The engine's counters (steps, preemptions, prefix-cache hits, blocks).
+  EngineStats stats() const;
+  // The engine itself, for AsyncLlm (its type is internal: engine/llm_engine.h).
   LlmEngine& engine() { return *engine_; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   int64_t vocab_size() const;

@@ -89,7 +89,7 @@ Status bench(const BenchThroughputOptions& o) {
     n_in += static_cast<int64_t>(c.prompt_ids.size());
     n_out += static_cast<int64_t>(c.token_ids.size());
   }
-  const EngineStats st = llm->engine().stats();
+  const EngineStats st = llm->stats();
   const double rps = outs.size() / elapsed;
   std::printf("Throughput: %.2f requests/s, %.2f total tokens/s, %.2f output tokens/s\n", rps,
               (n_in + n_out) / elapsed, n_out / elapsed);

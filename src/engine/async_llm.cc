@@ -3,6 +3,7 @@
 #include <future>
 
 #include "base/log.h"
+#include "engine/llm_engine.h"
 #include "engine/output_text.h"
 #include "tokenizer/tokenizer.h"
 

@@ -6,8 +6,9 @@
 
 #include "backend/backend.h"
 #include "base/log.h"
-#include "loader/model_files.h"
+#include "engine/llm_engine.h"
 #include "engine/output_text.h"
+#include "loader/model_files.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve {
@@ -15,6 +16,8 @@ namespace dserve {
 LLM::~LLM() = default;
 
 int64_t LLM::vocab_size() const { return model_->info().vocab_size; }
+
+EngineStats LLM::stats() const { return engine_->stats(); }
 
 // --gpu-memory-utilization on the CPU: of F x the machine's memory, the KV cache gets
 // what the weights (as loaded, plus the backend's prepared copies) and the working

@@ -24,10 +24,12 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
+#include "engine/engine_output.h"
 #include "model/causal_lm.h"
 #include "sampling/batch_sampler.h"
 #include "sampling/sampler.h"
@@ -37,7 +39,7 @@
 
 namespace dserve {
 
-using sched::RequestId;
+static_assert(std::is_same_v<RequestId, sched::RequestId>);
 
 struct EngineConfig {
   int max_num_seqs = 256;                      // running requests at most
@@ -56,34 +58,6 @@ struct EngineConfig {
   std::optional<uint64_t> seed;
   // End-of-sequence ids besides the model's own (e.g. the tokenizer's stop ids).
   std::vector<int32_t> extra_eos_ids;
-};
-
-// What one step produced for one request.
-struct EngineOutput {
-  RequestId id = 0;
-  // The token sampled this step; empty when the step ended the request with a stop id
-  // (which is not part of the output), or when a request was aborted.
-  std::vector<int32_t> new_token_ids;
-  std::optional<sched::FinishReason> finish_reason;  // set when the request ended this step
-  // With SamplingOptions::logprobs: one entry per new token (raw logprob, rank and the
-  // best alternatives).
-  std::vector<SampleResult> logprobs;
-  // With SamplingOptions::prompt_logprobs, on the request's first output: one entry per
-  // prompt position 1..P-1 (the first prompt token has no log-probability).
-  std::vector<SampleResult> prompt_logprobs;
-};
-
-struct EngineStats {
-  int64_t n_steps = 0;
-  int64_t n_preemptions = 0;
-  int64_t n_prefix_queried_tokens = 0;
-  int64_t n_prefix_hit_tokens = 0;
-  int64_t n_computed_tokens = 0;   // tokens run through the model (prefill and decode)
-  int64_t n_generated_tokens = 0;  // tokens sampled
-  int n_running = 0;
-  int n_waiting = 0;
-  int n_blocks = 0;
-  int n_free_blocks = 0;
 };
 
 class LlmEngine {

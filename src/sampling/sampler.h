@@ -33,22 +33,10 @@
 #include <utility>
 #include <vector>
 
+#include "sampling/sample_result.h"
 #include "sampling/sampling_state.h"
 
 namespace dserve {
-
-struct TokenLogprob {
-  int32_t id = 0;
-  float logprob = 0.0f;
-};
-
-struct SampleResult {
-  int32_t token = 0;
-  // Set only when the request asked for logprobs (params().logprobs()).
-  float logprob = 0.0f;                    // raw log-prob of `token`
-  int32_t rank = 0;                        // 1 + #tokens with a higher raw log-prob (ties counted)
-  std::vector<TokenLogprob> top_logprobs;  // the best logprobs() ids, best first (ties: lower id)
-};
 
 class Sampler {
  public:

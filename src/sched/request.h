@@ -23,6 +23,7 @@
 
 #include "base/status.h"
 #include "kvcache/kv_cache_manager.h"
+#include "sched/finish_reason.h"
 
 namespace dserve::sched {
 
@@ -35,13 +36,7 @@ enum class RequestState {
   kForkPending,  // one of n > 1 sequences, waiting for its parent's prompt
   kFinished,
 };
-enum class FinishReason {
-  kStop,    // a stop token (or, through finish_request, a stop string)
-  kLength,  // max_tokens or max_model_len reached
-  kAbort,   // cancelled by the client
-};
 const char* request_state_name(RequestState s);
-const char* finish_reason_name(FinishReason r);
 
 // What the engine hands the scheduler; sampling parameters stay with the engine.
 struct RequestSpec {
