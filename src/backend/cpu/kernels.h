@@ -151,6 +151,8 @@ inline constexpr int kNumDTypes = 9;
 // K and V rows are floats (attn_step_f32) or IEEE halves (attn_step_f16, the F16 KV
 // cache): the F16 step converts each element exactly and then does the F32 step's
 // arithmetic in the same order, so both give the same bits for the same values.
+// A query's arithmetic depends only on its own inputs, never on n_q or the other
+// queries of the call (the engine's batch invariance rests on it).
 struct AttnStepArgs {
   const float* const* q;     // [n_q] pointers to query rows [head_dim]
   const int64_t* n_visible;  // [n_q]
@@ -163,7 +165,7 @@ struct AttnStepArgs {
   float* m;       // [n_q]
   float* l;       // [n_q]
   float* acc;     // [n_q, v_dim]
-  float* scores;  // [n_keys] scratch
+  float* scores;  // [n_q, round_up(n_keys, 4)] scratch
 };
 
 struct KernelTable {

@@ -811,117 +811,194 @@ inline float load_kv1(const uint16_t* p) { return _cvtsh_ss(*p); }
 // float and the half instantiation, and the two would round differently.
 inline float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 
-// dot(q, k) for n values of a float query and a K row of Elem, accumulated as
-// dot_f32_x86 does.
-template <typename Elem>
-float dot_kv_x86(const float* q, const Elem* k, int64_t n) {
-  constexpr int W = VecF::kWidth;
-  VecF::T acc0 = VecF::zero(), acc1 = VecF::zero();
-  int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    acc0 = VecF::fma(VecF::load(q + i), load_kv(k + i), acc0);
-    acc1 = VecF::fma(VecF::load(q + i + W), load_kv(k + i + W), acc1);
-  }
-  for (; i + W <= n; i += W) acc0 = VecF::fma(VecF::load(q + i), load_kv(k + i), acc0);
-  float s = VecF::sum(VecF::add(acc0, acc1));
-  for (; i < n; ++i) s = fma1(q[i], load_kv1(k + i), s);
-  return s;
+// `v`, kept in a register: a float K/V vector is then loaded once for all the
+// queries of a tile, where the compiler would otherwise fold a load into every FMA
+// that uses it (one 512-bit load per FMA is the limit of the load ports on some CPUs).
+inline VecF::T in_register(VecF::T v) {
+  __asm__("" : "+v"(v));
+  return v;
 }
 
-// The online-softmax step (kernels.h) over K/V rows of Elem (float, or uint16_t for
-// IEEE halves: converted on load, then the same arithmetic in the same order).
-// Query-major: the step's keys and values (at most a block) stay in L1 while every
-// query of the group reads them, so each K/V row comes from memory once. Scores four
-// keys at a time (independent accumulators, one transposing reduction); the weighted
-// sum of values four vectors of v_dim at a time, so the FMA chains are independent.
-template <typename Elem>
-void attn_step_x86(const AttnStepArgs& a) {
+// Queries per register tile of the attention step: every K and V vector loaded (and,
+// for halves, converted) is used by this many queries before the next is loaded. With
+// AVX-512 a tile of scores is 4 queries x 4 keys accumulators, with AVX2 2 x 4 (16
+// vector registers).
+#if defined(__AVX512F__)
+constexpr int kAttnQueries = 4;
+#else
+constexpr int kAttnQueries = 2;
+#endif
+// Vectors of v_dim per query that the weighted sum of values keeps in registers.
+constexpr int kAttnValueVecs = 4;
+
+// Scores of NQ queries against keys [0, n) of a step: s[b][j] = scale * q[b] . k_j,
+// computed four keys at a time; keys past n in the last four are computed on row
+// n - 1 and land in the padding of s[b] (a multiple of 4 floats long). Each (query,
+// key) pair has its own accumulator: one FMA chain over head_dim in vectors, the
+// transposing reduction sum4 (the same tree for each of its inputs), then the
+// scalar tail; so a score has the same bits whatever NQ is and whichever queries
+// share the tile.
+template <typename Elem, int NQ>
+void attn_scores_x86(const float* const* q, const Elem* k, int64_t k_stride, int64_t n, int hd,
+                     float scale, float* const* s) {
   constexpr int W = VecF::kWidth;
-  const int hd = a.head_dim, vd = a.v_dim;
-  const Elem* k = static_cast<const Elem*>(a.k);
-  const Elem* v = static_cast<const Elem*>(a.v);
-  for (int i = 0; i < a.n_q; ++i) {
-    // (Plain comparisons, not std::min / std::fmax: see the top of this file.)
-    const int64_t n = a.n_visible[i] < a.n_keys ? a.n_visible[i] : a.n_keys;
-    if (n <= 0) continue;
-    const float* q = a.q[i];
-    float* s = a.scores;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-      const Elem* k0 = k + j * a.k_stride;
-      const Elem* k1 = k0 + a.k_stride;
-      const Elem* k2 = k1 + a.k_stride;
-      const Elem* k3 = k2 + a.k_stride;
-      VecF::T c0 = VecF::zero(), c1 = VecF::zero(), c2 = VecF::zero(), c3 = VecF::zero();
-      int d = 0;
-      for (; d + W <= hd; d += W) {
-        const VecF::T qv = VecF::load(q + d);
-        c0 = VecF::fma(qv, load_kv(k0 + d), c0);
-        c1 = VecF::fma(qv, load_kv(k1 + d), c1);
-        c2 = VecF::fma(qv, load_kv(k2 + d), c2);
-        c3 = VecF::fma(qv, load_kv(k3 + d), c3);
+  const __m128 scale_v = _mm_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 4) {
+    const Elem* kr[4];
+    for (int c = 0; c < 4; ++c) kr[c] = k + (j + c < n ? j + c : n - 1) * k_stride;
+    VecF::T acc[NQ][4];
+    for (int b = 0; b < NQ; ++b) {
+      for (int c = 0; c < 4; ++c) acc[b][c] = VecF::zero();
+    }
+    int d = 0;
+    for (; d + W <= hd; d += W) {
+      VecF::T kv[4];
+      for (int c = 0; c < 4; ++c) kv[c] = in_register(load_kv(kr[c] + d));
+      for (int b = 0; b < NQ; ++b) {
+        const VecF::T qv = VecF::load(q[b] + d);
+        for (int c = 0; c < 4; ++c) acc[b][c] = VecF::fma(qv, kv[c], acc[b][c]);
       }
-      __m128 sv = VecF::sum4(c0, c1, c2, c3);
+    }
+    for (int b = 0; b < NQ; ++b) {
+      __m128 sv = VecF::sum4(acc[b][0], acc[b][1], acc[b][2], acc[b][3]);
       if (d < hd) {
         float t[4] = {0, 0, 0, 0};
-        for (; d < hd; ++d) {
-          t[0] = fma1(q[d], load_kv1(k0 + d), t[0]);
-          t[1] = fma1(q[d], load_kv1(k1 + d), t[1]);
-          t[2] = fma1(q[d], load_kv1(k2 + d), t[2]);
-          t[3] = fma1(q[d], load_kv1(k3 + d), t[3]);
+        for (int e = d; e < hd; ++e) {
+          for (int c = 0; c < 4; ++c) t[c] = fma1(q[b][e], load_kv1(kr[c] + e), t[c]);
         }
         sv = _mm_add_ps(sv, _mm_loadu_ps(t));
       }
-      _mm_storeu_ps(s + j, _mm_mul_ps(sv, _mm_set1_ps(a.scale)));
-    }
-    for (; j < n; ++j) s[j] = dot_kv_x86(q, k + j * a.k_stride, hd) * a.scale;
-    float block_max = s[0];
-    for (j = 1; j < n; ++j) block_max = s[j] > block_max ? s[j] : block_max;
-
-    const float m = a.m[i] > block_max ? a.m[i] : block_max;
-    const float correction = std::exp(a.m[i] - m);  // 0 on the first step (m = -inf)
-    const float sum = exp_sub_sum_f32_x86(s, m, n);
-    a.l[i] = a.l[i] * correction + sum;
-    a.m[i] = m;
-
-    float* acc = a.acc + int64_t{i} * vd;
-    const VecF::T cv = VecF::set1(correction);
-    int d = 0;
-    for (; d + 4 * W <= vd; d += 4 * W) {
-      VecF::T r0 = VecF::mul(VecF::load(acc + d), cv);
-      VecF::T r1 = VecF::mul(VecF::load(acc + d + W), cv);
-      VecF::T r2 = VecF::mul(VecF::load(acc + d + 2 * W), cv);
-      VecF::T r3 = VecF::mul(VecF::load(acc + d + 3 * W), cv);
-      for (int64_t jj = 0; jj < n; ++jj) {
-        const Elem* vr = v + jj * a.v_stride + d;
-        const VecF::T p = VecF::set1(s[jj]);
-        r0 = VecF::fma(p, load_kv(vr), r0);
-        r1 = VecF::fma(p, load_kv(vr + W), r1);
-        r2 = VecF::fma(p, load_kv(vr + 2 * W), r2);
-        r3 = VecF::fma(p, load_kv(vr + 3 * W), r3);
-      }
-      VecF::store(acc + d, r0);
-      VecF::store(acc + d + W, r1);
-      VecF::store(acc + d + 2 * W, r2);
-      VecF::store(acc + d + 3 * W, r3);
-    }
-    for (; d + W <= vd; d += W) {
-      VecF::T r0 = VecF::mul(VecF::load(acc + d), cv), r1 = VecF::zero();
-      int64_t jj = 0;
-      for (; jj + 2 <= n; jj += 2) {
-        const Elem* vr = v + jj * a.v_stride + d;
-        r0 = VecF::fma(VecF::set1(s[jj]), load_kv(vr), r0);
-        r1 = VecF::fma(VecF::set1(s[jj + 1]), load_kv(vr + a.v_stride), r1);
-      }
-      if (jj < n) r0 = VecF::fma(VecF::set1(s[jj]), load_kv(v + jj * a.v_stride + d), r0);
-      VecF::store(acc + d, VecF::add(r0, r1));
-    }
-    for (; d < vd; ++d) {
-      float r = acc[d] * correction;
-      for (int64_t jj = 0; jj < n; ++jj) r = fma1(s[jj], load_kv1(v + jj * a.v_stride + d), r);
-      acc[d] = r;
+      _mm_storeu_ps(s[b] + j, _mm_mul_ps(sv, scale_v));
     }
   }
+}
+
+// acc[b] = acc[b] * corr[b] + sum_{j < n[b]} p[b][j] v_j for NQ queries; keys
+// [0, n_common) are shared by all of them (n_common = min n[b]). Every element of
+// acc[b] is one chain, multiply then FMAs in key order, in vector or scalar form
+// alike: the same bits whatever NQ is and whichever queries share the tile. Each V
+// vector is loaded once for the NQ queries over the shared keys.
+template <typename Elem, int NQ>
+void attn_values_x86(float* const* acc, const float* const* p, const float* corr,
+                     const int64_t* n, int64_t n_common, const Elem* v, int64_t v_stride,
+                     int vd) {
+  constexpr int W = VecF::kWidth;
+  // One pass over v_dim in chunks of NV vectors.
+  auto chunk = [&]<int NV>(int d) {
+    VecF::T r[NQ][NV];
+    for (int b = 0; b < NQ; ++b) {
+      const VecF::T cv = VecF::set1(corr[b]);
+      for (int u = 0; u < NV; ++u) r[b][u] = VecF::mul(VecF::load(acc[b] + d + u * W), cv);
+    }
+    for (int64_t j = 0; j < n_common; ++j) {
+      const Elem* vr = v + j * v_stride + d;
+      VecF::T vv[NV];
+      for (int u = 0; u < NV; ++u) vv[u] = in_register(load_kv(vr + u * W));
+      for (int b = 0; b < NQ; ++b) {
+        const VecF::T pv = VecF::set1(p[b][j]);
+        for (int u = 0; u < NV; ++u) r[b][u] = VecF::fma(pv, vv[u], r[b][u]);
+      }
+    }
+    for (int b = 0; b < NQ; ++b) {
+      for (int64_t j = n_common; j < n[b]; ++j) {  // keys only some queries see
+        const Elem* vr = v + j * v_stride + d;
+        const VecF::T pv = VecF::set1(p[b][j]);
+        for (int u = 0; u < NV; ++u) r[b][u] = VecF::fma(pv, load_kv(vr + u * W), r[b][u]);
+      }
+      for (int u = 0; u < NV; ++u) VecF::store(acc[b] + d + u * W, r[b][u]);
+    }
+  };
+  int d = 0;
+  for (; d + kAttnValueVecs * W <= vd; d += kAttnValueVecs * W) {
+    chunk.template operator()<kAttnValueVecs>(d);
+  }
+  for (; d + W <= vd; d += W) chunk.template operator()<1>(d);
+  for (; d < vd; ++d) {
+    for (int b = 0; b < NQ; ++b) {
+      float r = acc[b][d] * corr[b];
+      for (int64_t j = 0; j < n[b]; ++j) r = fma1(p[b][j], load_kv1(v + j * v_stride + d), r);
+      acc[b][d] = r;
+    }
+  }
+}
+
+// One register tile of the step: NQ queries (indices qi into the step's arrays) that
+// each see at least one of the keys.
+template <typename Elem, int NQ>
+void attn_tile_x86(const AttnStepArgs& a, const int* qi) {
+  constexpr int W = VecF::kWidth;
+  const int64_t ld = (a.n_keys + 3) & ~int64_t{3};  // floats per row of scores
+  const float* q[NQ];
+  float* s[NQ];
+  float* acc[NQ];
+  int64_t n[NQ];
+  int64_t n_max = 0, n_common = a.n_keys;
+  for (int b = 0; b < NQ; ++b) {
+    const int i = qi[b];
+    q[b] = a.q[i];
+    s[b] = a.scores + b * ld;
+    acc[b] = a.acc + int64_t{i} * a.v_dim;
+    // (Plain comparisons, not std::min / std::fmax: see the top of this file.)
+    n[b] = a.n_visible[i] < a.n_keys ? a.n_visible[i] : a.n_keys;
+    n_max = n[b] > n_max ? n[b] : n_max;
+    n_common = n[b] < n_common ? n[b] : n_common;
+  }
+  attn_scores_x86<Elem, NQ>(q, static_cast<const Elem*>(a.k), a.k_stride, n_max, a.head_dim,
+                            a.scale, s);
+
+  // Per query: the new running max, the factor for what was summed before, and the
+  // step's exp(s - m) in place of its scores.
+  float corr[NQ];
+  for (int b = 0; b < NQ; ++b) {
+    const int i = qi[b];
+    int64_t j = 0;
+    float block_max = -INFINITY;
+    if (n[b] >= W) {
+      VecF::T mv = VecF::load(s[b]);
+      for (j = W; j + W <= n[b]; j += W) mv = VecF::max(mv, VecF::load(s[b] + j));
+      alignas(64) float lanes[W];
+      VecF::store(lanes, mv);
+      for (int e = 0; e < W; ++e) block_max = lanes[e] > block_max ? lanes[e] : block_max;
+    }
+    for (; j < n[b]; ++j) block_max = s[b][j] > block_max ? s[b][j] : block_max;
+    const float m = a.m[i] > block_max ? a.m[i] : block_max;
+    corr[b] = std::exp(a.m[i] - m);  // 0 on the first step (m = -inf)
+    const float sum = exp_sub_sum_f32_x86(s[b], m, n[b]);
+    a.l[i] = a.l[i] * corr[b] + sum;
+    a.m[i] = m;
+  }
+  attn_values_x86<Elem, NQ>(acc, s, corr, n, n_common, static_cast<const Elem*>(a.v),
+                            a.v_stride, a.v_dim);
+}
+
+// The online-softmax step (kernels.h) over K/V rows of Elem (float, or uint16_t for
+// IEEE halves: converted on load, then the same arithmetic in the same order). The
+// step's keys and values (at most a block) stay in L1 while the queries read them;
+// inside a register tile of kAttnQueries queries each K and V vector is loaded once
+// and feeds every query's own accumulators, so the arithmetic of a query does not
+// depend on which queries share its tile (batch invariance, kernels.h).
+template <typename Elem>
+void attn_step_x86(const AttnStepArgs& a) {
+  int qi[kAttnQueries];
+  int nb = 0;
+  auto flush = [&] {
+    switch (nb) {
+      case 1: attn_tile_x86<Elem, 1>(a, qi); break;
+      case 2: attn_tile_x86<Elem, 2>(a, qi); break;
+#if defined(__AVX512F__)
+      case 3: attn_tile_x86<Elem, 3>(a, qi); break;
+      case 4: attn_tile_x86<Elem, 4>(a, qi); break;
+#endif
+    }
+    nb = 0;
+  };
+  static_assert(kAttnQueries == 4 || kAttnQueries == 2, "see the switch above");
+  for (int i = 0; i < a.n_q; ++i) {
+    if (a.n_visible[i] <= 0) continue;  // no key of this step: state unchanged
+    qi[nb++] = i;
+    if (nb == kAttnQueries) flush();
+  }
+  flush();
 }
 
 KernelTable make_x86_table(CpuIsa isa) {

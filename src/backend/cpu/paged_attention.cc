@@ -216,15 +216,17 @@ void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_p
   const int64_t n_splits = (longest + kSplitKeys - 1) / kSplitKeys;
   const bool split_tasks = n_splits > 1 && n_tiles < 2 * int64_t{pool_.n_threads()} &&
                            n_tiles * n_splits * state_floats <= kMaxPartialFloats;
-  // Per thread: two states (running and split) and the scores of one step.
-  for (auto& buf : per_thread_) buf.get((2 * state_floats + kKeyStep) * sizeof(float));
+  // Per thread: two states (running and split) and the scores of one step, a row of
+  // kKeyStep (a multiple of 4, as AttnStepArgs::scores asks) per query.
+  constexpr int64_t kScoreFloats = kMaxQueries * kKeyStep;
+  for (auto& buf : per_thread_) buf.get((2 * state_floats + kScoreFloats) * sizeof(float));
   float* partials =
       split_tasks ? partials_.get_as<float>(n_tiles * n_splits * state_floats) : nullptr;
 
   const int64_t k_stride = int64_t{n_kv_heads} * head_dim;  // elements between slots
   const int64_t v_stride = int64_t{n_kv_heads} * v_dim;
 
-  // Runs split `split` of `tile` into `st` (cleared first); scores: [kKeyStep] scratch.
+  // Runs split `split` of `tile` into `st` (cleared first); scores: [kScoreFloats] scratch.
   auto run_split = [&](const Tile& tile, int64_t split, const SoftmaxState& st, float* scores) {
     const int kvh = tile.h0 / group;
     const int n_q = tile.n_tokens * tile.n_heads;
@@ -307,7 +309,7 @@ void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_p
     pool_.run(n_tiles, [&](int64_t ti, int thread) {
       const Tile& tile = tiles[ti];
       const int n_q = tile.n_tokens * tile.n_heads;
-      float* scratch = per_thread_[thread].get_as<float>(2 * state_floats + kKeyStep);
+      float* scratch = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
       const SoftmaxState total = SoftmaxState::at(scratch, v_dim);
       const SoftmaxState part = SoftmaxState::at(scratch + state_floats, v_dim);
       if (tile.max_ctx <= kSplitKeys) {  // one split: folding it into a cleared state
@@ -325,7 +327,7 @@ void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_p
     return;
   }
   pool_.run(n_tiles * n_splits, [&](int64_t task, int thread) {
-    float* scores = per_thread_[thread].get_as<float>(2 * state_floats + kKeyStep);
+    float* scores = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
     run_split(tiles[task / n_splits], task % n_splits,
               SoftmaxState::at(partials + task * state_floats, v_dim), scores);
   });
