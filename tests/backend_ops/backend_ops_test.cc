@@ -439,7 +439,9 @@ TEST_P(BackendOpsTest, PreparedWeightBytesCountTheCopies) {
       EXPECT_EQ(backend->prepared_weight_bytes(), total);
     }
     // Q4_1 is the default model's type: the fastest level packs it.
-    if (t == DType::kQ4_1 && GetParam().isa == cpu::CpuIsa::kAvx512) EXPECT_GT(total, 0);
+    if (t == DType::kQ4_1 && GetParam().isa == cpu::CpuIsa::kAvx512) {
+      EXPECT_GT(total, 0);
+    }
   }
 }
 
