@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_backend.h"
 #include "tensor/dtype.h"
 #include "tensor/half.h"
 
@@ -38,16 +39,6 @@ constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
                             DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
                             DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
-Backend& backend() {
-  static std::unique_ptr<Backend> b = [] {
-    CpuBackendOptions options;
-    if (const char* isa = std::getenv("DSERVE_BENCH_ISA")) options.isa = isa;
-    if (const char* n = std::getenv("DSERVE_BENCH_THREADS")) options.n_threads = std::atoi(n);
-    return make_cpu_backend(options);
-  }();
-  return *b;
-}
-
 // Random bytes with every f16 value forced finite (scales of quantised blocks land
 // anywhere in a block, so simply clear the top exponent bit of every 16-bit word).
 std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k) {
@@ -64,12 +55,12 @@ std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k) {
 void bm_matmul(benchmark::State& state, DType t, Shape shape, int64_t n_tokens, bool prepared) {
   std::vector<uint8_t> bytes = random_weights(t, shape.n_out, shape.n_in);
   TensorView w{t, {shape.n_out, shape.n_in}, bytes.data(), bytes.size()};
-  if (prepared) backend().prepare_matmul_weight(w);
+  if (prepared) bench_backend().prepare_matmul_weight(w);
   std::vector<float> x(n_tokens * shape.n_in), y(n_tokens * shape.n_out);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist;
   for (auto& v : x) v = dist(rng);
-  Backend& b = backend();
+  Backend& b = bench_backend();
   for (auto _ : state) {
     b.matmul(w, nullptr, x.data(), n_tokens, y.data());
     benchmark::DoNotOptimize(y.data());

@@ -20,20 +20,11 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_backend.h"
 #include "tensor/half.h"
 
 namespace dserve {
 namespace {
-
-Backend& backend() {
-  static std::unique_ptr<Backend> b = [] {
-    CpuBackendOptions options;
-    if (const char* isa = std::getenv("DSERVE_BENCH_ISA")) options.isa = isa;
-    if (const char* n = std::getenv("DSERVE_BENCH_THREADS")) options.n_threads = std::atoi(n);
-    return make_cpu_backend(options);
-  }();
-  return *b;
-}
 
 struct Case {
   int n_seqs, n_ctx, n_new;  // each sequence: n_ctx positions, the last n_new queried
@@ -92,12 +83,12 @@ void set_counters(benchmark::State& state, const Case& c, size_t elem_bytes = si
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kv_bytes));
   state.counters["tokens/s"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * c.n_seqs * c.n_new, benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(backend().name()));
+  state.SetLabel(std::string(bench_backend().name()));
 }
 
 void bm_paged(benchmark::State& state, Case c) {
   PagedSetup p(c);
-  Backend& b = backend();
+  Backend& b = bench_backend();
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   for (auto _ : state) {
     b.paged_attention(p.q.data(), DType::kF32, p.k_pool.data(), p.v_pool.data(), p.out.data(),
@@ -109,7 +100,7 @@ void bm_paged(benchmark::State& state, Case c) {
 
 void bm_paged_f16(benchmark::State& state, Case c) {
   PagedSetup p(c);
-  Backend& b = backend();
+  Backend& b = bench_backend();
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   for (auto _ : state) {
     b.paged_attention(p.q.data(), DType::kF16, p.k_pool16.data(), p.v_pool16.data(),
@@ -136,7 +127,7 @@ void bm_contiguous(benchmark::State& state, Case c) {
   std::iota(pos.begin(), pos.end(), c.n_ctx - c.n_new);
   std::vector<float> q(int64_t{c.n_new} * c.n_heads * c.head_dim), out(q.size());
   for (auto& x : q) x = dist(rng);
-  Backend& b = backend();
+  Backend& b = bench_backend();
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   for (auto _ : state) {
     for (int s = 0; s < c.n_seqs; ++s) {

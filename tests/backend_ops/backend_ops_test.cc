@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_isa.h"
+#include "backend_configs.h"
 #include "backend/cpu/kernels.h"
 #include "tensor/dequantize.h"
 #include "tensor/half.h"
@@ -31,18 +32,17 @@
 namespace dserve {
 namespace {
 
+using test::all_configs;
+using test::BackendConfig;
+using test::config_name;
+using test::make_backend;
+using test::random_floats;
+
 using cpu::CpuIsa;
 
 constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
                                DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
                                DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
-
-std::vector<float> random_floats(int64_t n, std::mt19937& rng, float sigma = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
 uint16_t f16(float x) { return f32_to_f16(x); }
 
@@ -128,31 +128,9 @@ int act_block(DType t) {
   return 0;
 }
 
-struct Config {
-  CpuIsa isa;
-  int n_threads;
-};
-
-std::string config_name(const testing::TestParamInfo<Config>& info) {
-  return std::string(cpu::isa_name(info.param.isa)) + "_t" + std::to_string(info.param.n_threads);
-}
-
-std::vector<Config> all_configs() {
-  std::vector<Config> out;
-  for (CpuIsa isa : cpu::supported_isas()) {
-    for (int n : {1, 2, 3}) out.push_back({isa, n});
-  }
-  return out;
-}
-
-class BackendOpsTest : public testing::TestWithParam<Config> {
+class BackendOpsTest : public testing::TestWithParam<BackendConfig> {
  protected:
-  void SetUp() override {
-    CpuBackendOptions options;
-    options.n_threads = GetParam().n_threads;
-    options.isa = std::string(cpu::isa_name(GetParam().isa));
-    backend_ = make_cpu_backend(options);
-  }
+  void SetUp() override { backend_ = make_backend(GetParam()); }
   std::unique_ptr<Backend> backend_;
   std::mt19937 rng_{1234};
 };
@@ -374,10 +352,7 @@ TEST_P(BackendOpsTest, PreparedWeightsGiveTheSameBits) {
   // prepare_matmul_weight may keep a packed copy; matmul must give the same bits with
   // it as without, use it only for a view of the same data and shape, and take a
   // second preparation of the same memory (new contents) instead of the old copy.
-  CpuBackendOptions options;
-  options.n_threads = GetParam().n_threads;
-  options.isa = std::string(cpu::isa_name(GetParam().isa));
-  std::unique_ptr<Backend> plain = make_cpu_backend(options);
+  std::unique_ptr<Backend> plain = make_backend(GetParam());
   for (DType t : kAllTypes) {
     const int64_t k = act_block(t) == 256 ? 512 : 576;
     for (int64_t n : {16, 45}) {
@@ -416,12 +391,9 @@ TEST_P(BackendOpsTest, PreparedWeightBytesCountTheCopies) {
   // Memory budgets count prepared copies: a packed copy holds the rows' quants and
   // scales in whole 16-row panels (scales may widen from F16 to F32: at most 2 more
   // bytes per 32-value block); preparing the same memory again replaces it.
-  CpuBackendOptions options;
-  options.n_threads = GetParam().n_threads;
-  options.isa = std::string(cpu::isa_name(GetParam().isa));
   for (DType t : kAllTypes) {
     const int64_t k = act_block(t) == 256 ? 512 : 576;
-    std::unique_ptr<Backend> backend = make_cpu_backend(options);
+    std::unique_ptr<Backend> backend = make_backend(GetParam());
     int64_t total = 0;
     std::vector<std::vector<uint8_t>> keep;
     for (int64_t n : {16, 45}) {

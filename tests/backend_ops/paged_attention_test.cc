@@ -32,45 +32,23 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_isa.h"
+#include "backend_configs.h"
 #include "tensor/half.h"
 
 namespace dserve {
 namespace {
 
+using test::all_configs;
+using test::BackendConfig;
+using test::config_name;
+using test::make_backend;
+using test::random_floats;
+
 using cpu::CpuIsa;
 
-std::vector<float> random_floats(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-struct Config {
-  CpuIsa isa;
-  int n_threads;
-};
-
-std::string config_name(const testing::TestParamInfo<Config>& info) {
-  return std::string(cpu::isa_name(info.param.isa)) + "_t" + std::to_string(info.param.n_threads);
-}
-
-std::vector<Config> all_configs() {
-  std::vector<Config> out;
-  for (CpuIsa isa : cpu::supported_isas()) {
-    for (int n : {1, 2, 3}) out.push_back({isa, n});
-  }
-  return out;
-}
-
-class PagedAttentionTest : public testing::TestWithParam<Config> {
+class PagedAttentionTest : public testing::TestWithParam<BackendConfig> {
  protected:
-  void SetUp() override {
-    CpuBackendOptions options;
-    options.n_threads = GetParam().n_threads;
-    options.isa = std::string(cpu::isa_name(GetParam().isa));
-    backend_ = make_cpu_backend(options);
-  }
+  void SetUp() override { backend_ = make_backend(GetParam()); }
   std::unique_ptr<Backend> backend_;
   std::mt19937 rng_{4321};
 };
@@ -343,10 +321,7 @@ TEST_P(PagedAttentionTest, LongContextSplitsKeys) {
 // one-thread one, agree exactly. Long contexts make the alone runs split their keys
 // over tasks where the batch does not.
 TEST_P(PagedAttentionTest, BatchInvariant) {
-  CpuBackendOptions options;
-  options.n_threads = 1;
-  options.isa = std::string(cpu::isa_name(GetParam().isa));
-  std::unique_ptr<Backend> single = make_cpu_backend(options);
+  std::unique_ptr<Backend> single = make_backend({GetParam().isa, 1});
   const std::vector<SeqStep> seqs = {{900, 1}, {600, 40}, {300, 1}, {50, 50}, {1300, 1}};
   for (const Shape& sh :
        {Shape{16, 9, 3, 64, 64}, Shape{128, 8, 1, 96, 64}, Shape{5, 4, 4, 48, 40}}) {
