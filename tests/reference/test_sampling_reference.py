@@ -145,8 +145,15 @@ def test_stop_string_spanning_tokens(dserve_bin, default_model):
     assert 1 < len(ids) < len(all_ids) and all_ids[:len(ids)] == ids
 
 
+# A question the default model answers in one short, confident sentence ("The capital
+# of France is Paris.") and then ends: its eos does not hang on a near-tie, so kernel
+# changes that move logits in the last bits do not move it.
+SHORT_ANSWER_PROMPT = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                       "<|im_start|>assistant\n")
+
+
 def test_min_tokens_masks_eos(dserve_bin, default_model):
-    base = ["--prompt", CHAT_PROMPT, "--temperature", 0, "--print-ids"]
+    base = ["--prompt", SHORT_ANSWER_PROMPT, "--temperature", 0, "--print-ids"]
     short = _generate(dserve_bin, default_model, *base, max_tokens=60).strip().split(",")
     assert len(short) < 30, "the greedy answer should end with eos well before 60 tokens"
     longer = _generate(dserve_bin, default_model, *base, "--min-tokens", 45,

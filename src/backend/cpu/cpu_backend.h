@@ -93,6 +93,8 @@ class CpuBackend final : public Backend {
   };
   ScratchBuffer tiles_;     // [n_tiles] Tile, rebuilt by each paged_attention call
   ScratchBuffer partials_;  // softmax state per (tile, key split) of paged_attention
+  ScratchBuffer contiguous_table_;  // attention()'s identity block table
+  ScratchBuffer contiguous_seqs_;   // and its sequence of every token (all 0)
 };
 
 }  // namespace dserve::cpu
