@@ -2,11 +2,17 @@
 // (src/backend/CMakeLists.txt). Only called after run-time detection says the CPU
 // supports them.
 #include "backend/cpu/kernels_x86_impl.h"
+// AVX2-only batched matmul kernels (packed half panels), added to the shared table.
+#include "backend/cpu/kernels_avx2_gemm.h"
 
 namespace dserve::cpu {
 
 const KernelTable& kernels_avx2() {
-  static const KernelTable table = make_x86_table(CpuIsa::kAvx2);
+  static const KernelTable table = [] {
+    KernelTable t = make_x86_table(CpuIsa::kAvx2);
+    add_avx2_batched(t);
+    return t;
+  }();
   return table;
 }
 

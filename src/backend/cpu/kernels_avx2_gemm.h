@@ -1,0 +1,402 @@
+// Batched (GEMM-shaped) matmul for the 32-element block types Q8_0 / Q4_0 / Q4_1 on
+// AVX2 without VNNI (Haswell .. Zen 3): the packed-panel design of
+// kernels_avx512_gemm.h at 256 bits. Included only by kernels_avx2.cc, after
+// kernels_x86_impl.h.
+//
+// One 256-bit register holds 4 consecutive weights of each of 8 rows (lane r <-> row
+// r of a "half panel"), so one vpmaddubsw with a token's 4 activations broadcast does
+// 8 rows x 4 k with nothing to reduce across lanes, and a tile of 8 rows x kGemmTokens
+// tokens loads each weight vector once for all its tokens. A 16-row panel
+// (kMatmulPackRows) is two half panels, one after the other, so that decode streams
+// each half sequentially.
+//
+// Integer products without VNNI: vpmaddubsw multiplies unsigned by signed bytes and
+// adds pairs into int16 with saturation.
+//   Q4_0 / Q4_1: u = nibble (0..15), so a pair is at most 2 * 15 * 127 = 3810 in
+//     magnitude and the 8 groups of a block add up in int16 without overflow
+//     (30480 < 32767); one vpmaddwd per block and token widens to int32. Q4_0's -8
+//     offset is the activation tile's -8 sum(q), added once per block.
+//   Q8_0: the weights stay signed; |w| times the activations with w's sign (vpsignb),
+//     as the per-row kernel does: a pair is at most 2 * 128 * 127 = 32512, so each
+//     group widens to int32 on its own.
+// Either way each block's integer dot is exact, the per-row kernels' one.
+//
+// Same results as the per-row kernels (Q32Kernel in kernels_x86_impl.h), bit for bit:
+// a lane does the float operations Q32Kernel does for its row, in the same order (its
+// 8 block-lane accumulators, the tail blocks' per-group partials, hsum256's reduction
+// tree). So a token's result does not depend on the kernel, the batch or the tile it
+// lands in (the engine's batch invariance).
+//
+// Packed half panel of nb blocks (loads are unaligned: a Q4_0 half is 144 bytes a block):
+//   weights  nb x kGroupBytes: Q4: 4 vectors, vector j lane r = row r's qs bytes
+//            4j..4j+3 (low nibbles: elements 4j.., high nibbles: 16 + 4j..); Q8_0: 8
+//            vectors, vector g lane r = row r's q[4g..4g+3]
+//   d        nb x 8 f16, lane order
+//   m        nb x 8 f16 (Q4_1 only)
+// so a 16-row panel takes exactly the bytes of its 16 rows. Rows past the end of the
+// matrix are zeros (they compute zeros that are never stored).
+#pragma once
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "kernels_avx2_gemm.h needs -mavx2 -mfma -mf16c"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "tensor/quant_blocks.h"
+
+namespace dserve::cpu {
+namespace {
+
+constexpr int kHalfRows = 8;
+// Tokens per tile: with 16 registers, kGemmTokens int16/int32 sums and as many float
+// accumulators, plus the weight vector, a broadcast and two constants.
+constexpr int kGemmTokens = 6;
+
+struct HalfQ8_0 {
+  using Block = block_q8_0;
+  static constexpr bool kNibbles = false;
+  static constexpr bool kHasMin = false;
+  static constexpr int kOffsetIndex = -1;     // signed weights: no offset
+  static constexpr int64_t kGroupBytes = 256;  // 8 vectors
+};
+struct HalfQ4_0 {
+  using Block = block_q4_0;
+  static constexpr bool kNibbles = true;
+  static constexpr bool kHasMin = false;
+  static constexpr int kOffsetIndex = 0;       // -8 sum(q)
+  static constexpr int64_t kGroupBytes = 128;  // 4 vectors of nibble pairs
+};
+struct HalfQ4_1 {
+  using Block = block_q4_1;
+  static constexpr bool kNibbles = true;
+  static constexpr bool kHasMin = true;
+  static constexpr int kOffsetIndex = -1;  // unsigned weights, the minimum term instead
+  static constexpr int64_t kGroupBytes = 128;
+};
+
+template <typename P>
+constexpr int64_t half_block_bytes() {
+  return P::kGroupBytes + 16 + (P::kHasMin ? 16 : 0);
+}
+
+// Where a half panel's parts start (layout above).
+template <typename P>
+struct HalfPanel {
+  const uint8_t* w;
+  const uint8_t* d;
+  const uint8_t* m;
+  HalfPanel(const uint8_t* half, int64_t nb)
+      : w(half), d(half + nb * P::kGroupBytes), m(d + nb * 16) {}
+
+  // Weight vector of group g (elements 4g..4g+3 of every row) of block b: unsigned
+  // nibbles, or Q8_0's signed bytes.
+  __m256i group(int64_t b, int g) const {
+    if constexpr (P::kNibbles) {
+      const __m256i t =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * P::kGroupBytes + 32 * (g % 4)));
+      return _mm256_and_si256(g < 4 ? t : _mm256_srli_epi16(t, 4), _mm256_set1_epi8(0x0F));
+    } else {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * P::kGroupBytes + 32 * g));
+    }
+  }
+  __m256 scale_d(int64_t b) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 16 * b)));
+  }
+  __m256 scale_m(int64_t b) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + 16 * b)));
+  }
+  void prefetch_block(int64_t b) const {
+    for (int64_t i = 0; i < P::kGroupBytes; i += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + b * P::kGroupBytes + i), _MM_HINT_T0);
+    }
+  }
+};
+
+// Where token t's values for one block sit in an activation tile block (kernels.h).
+struct HalfTileBlock {
+  static constexpr int64_t kBytes = q8x32_tile_block_bytes(kGemmTokens);
+  static const uint8_t* qs(const uint8_t* xb, int g, int t) { return xb + 4 * (g * kGemmTokens + t); }
+  static const uint8_t* d(const uint8_t* xb, int t) { return xb + 4 * (8 * kGemmTokens + t); }
+  static const uint8_t* s(const uint8_t* xb, int t) { return xb + 4 * (9 * kGemmTokens + t); }
+  static const uint8_t* offset(const uint8_t* xb, int i, int t) {
+    return xb + 4 * ((10 + i) * kGemmTokens + t);
+  }
+};
+
+inline __m256i bcast_i32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline __m256 bcast_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_ps(v);
+}
+
+// Q32Kernel groups a row's blocks 8 at a time (block b in lane b % 8) while at least 4
+// are left, and adds a shorter tail block by block (its single()).
+inline int64_t half_grouped_blocks(int64_t nb) { return nb % 8 >= 4 ? nb : nb - nb % 8; }
+
+// The exact integer dots of block b for NT tokens, one int32 lane per row.
+template <typename P, int NT>
+inline void block_dots(const HalfPanel<P>& panel, int64_t b, const uint8_t* xb, __m256i (&dot)[NT]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (P::kNibbles) {
+    __m256i p16[NT];
+    for (int t = 0; t < NT; ++t) p16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m256i u = panel.group(b, g);
+      for (int t = 0; t < NT; ++t) {
+        p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(u, bcast_i32(HalfTileBlock::qs(xb, g, t))));
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      dot[t] = _mm256_madd_epi16(p16[t], ones);
+      if constexpr (P::kOffsetIndex >= 0) {
+        dot[t] = _mm256_add_epi32(dot[t], bcast_i32(HalfTileBlock::offset(xb, P::kOffsetIndex, t)));
+      }
+    }
+  } else {
+    for (int t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = panel.group(b, g);
+      const __m256i wa = _mm256_sign_epi8(w, w);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i xs = _mm256_sign_epi8(bcast_i32(HalfTileBlock::qs(xb, g, t)), w);
+        dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones));
+      }
+    }
+  }
+}
+
+// Adds grouped block b for NT tokens to acc (lane b % 8 of Q32Kernel::group):
+// acc = fma(dot, d_w d_x, acc), then for Q4_1 acc = fma(m_w, s_x, acc).
+template <typename P, int NT>
+inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8_t* xb,
+                               __m256 (&acc)[NT]) {
+  __m256i dot[NT];
+  block_dots<P, NT>(panel, b, xb, dot);
+  const __m256 d = panel.scale_d(b);
+  for (int t = 0; t < NT; ++t) {
+    const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
+    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale, acc[t]);
+  }
+  if constexpr (P::kHasMin) {
+    const __m256 m = panel.scale_m(b);
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(m, bcast_f32(HalfTileBlock::s(xb, t)), acc[t]);
+  }
+}
+
+// Adds tail block b for NT tokens to the 8 lane accumulators (Q32Kernel::single: the
+// block's 8 group dots go to lanes 0..7, the Q4_1 minimum term to lane 0).
+template <typename P, int NT>
+inline void half_tail_block(const HalfPanel<P>& panel, int64_t b, const uint8_t* xb,
+                            __m256 (*acc8)[NT]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 d = panel.scale_d(b);
+  for (int t = 0; t < NT; ++t) {
+    const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = panel.group(b, g);
+      const __m256i xq = bcast_i32(HalfTileBlock::qs(xb, g, t));
+      __m256i dot;
+      if constexpr (P::kNibbles) {
+        dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), ones);
+        if constexpr (P::kOffsetIndex >= 0) {  // minus 8 times this group's sum(q)
+          dot = _mm256_sub_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq), ones));
+        }
+      } else {
+        dot = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w)), ones);
+      }
+      acc8[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc8[g][t]);
+    }
+    if constexpr (P::kHasMin) {  // a rounded product, then an add, as single() does
+      __m256 ms = _mm256_mul_ps(panel.scale_m(b), bcast_f32(HalfTileBlock::s(xb, t)));
+      // Keeps the compiler from contracting the two into an FMA (-ffp-contract=fast).
+      __asm__("" : "+x"(ms));
+      acc8[0][t] = _mm256_add_ps(acc8[0][t], ms);
+    }
+  }
+}
+
+// hsum256's tree over the 8 lane accumulators; rows r < n_rows stored.
+template <int NT>
+inline void half_store(__m256 (*acc8)[NT], float* y, int64_t y_stride, int n_rows) {
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int t = 0; t < NT; ++t) {
+    const __m256 s0 = _mm256_add_ps(acc8[0][t], acc8[4][t]);
+    const __m256 s1 = _mm256_add_ps(acc8[1][t], acc8[5][t]);
+    const __m256 s2 = _mm256_add_ps(acc8[2][t], acc8[6][t]);
+    const __m256 s3 = _mm256_add_ps(acc8[3][t], acc8[7][t]);
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    if (n_rows == kHalfRows) {
+      _mm256_storeu_ps(y + t * y_stride, sum);
+    } else {
+      _mm256_maskstore_ps(y + t * y_stride, mask, sum);
+    }
+  }
+}
+
+// y[t * y_stride + r] = row r of the half panel . token t of the activation tile, for
+// t < NT and r < n_rows. `next` (or null): the half panel read after this one, whose
+// blocks are prefetched as this one's are read.
+template <typename P, int NT>
+void half_tile(const HalfPanel<P>& panel, const HalfPanel<P>* next, int64_t nb,
+               const uint8_t* tile, float* y, int64_t y_stride, int n_rows) {
+  __m256 acc8[8][NT];
+  const int64_t n_grouped = half_grouped_blocks(nb);
+  for (int lane = 0; lane < 8; ++lane) {  // the chain of blocks lane, lane + 8, ...
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = lane; b < n_grouped; b += 8) {
+      if (next != nullptr) next->prefetch_block(b);
+      half_grouped_block<P, NT>(panel, b, tile + b * HalfTileBlock::kBytes, acc);
+    }
+    for (int t = 0; t < NT; ++t) acc8[lane][t] = acc[t];
+  }
+  for (int64_t b = n_grouped; b < nb; ++b) {
+    if (next != nullptr) next->prefetch_block(b);
+    half_tail_block<P, NT>(panel, b, tile + b * HalfTileBlock::kBytes, acc8);
+  }
+  half_store<NT>(acc8, y, y_stride, n_rows);
+}
+
+// One token (decode): blocks in order, so each half streams from memory once, 8 at a
+// time so that the 8 lane accumulators stay in registers; the next half (`next`, or
+// null) is prefetched block by block meanwhile.
+template <typename P>
+void half_single(const HalfPanel<P>& panel, const HalfPanel<P>* next, int64_t nb,
+                 const uint8_t* tile, float* y, int n_rows) {
+  __m256 acc8[8][1];
+  for (int lane = 0; lane < 8; ++lane) acc8[lane][0] = _mm256_setzero_ps();
+  const int64_t n_grouped = half_grouped_blocks(nb);
+  int64_t b = 0;
+  for (; b + 8 <= n_grouped; b += 8) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      if (next != nullptr) next->prefetch_block(b + j);
+      half_grouped_block<P, 1>(panel, b + j, tile + (b + j) * HalfTileBlock::kBytes, acc8[j]);
+    }
+  }
+  for (; b < nb; ++b) {
+    if (next != nullptr) next->prefetch_block(b);
+    const uint8_t* xb = tile + b * HalfTileBlock::kBytes;
+    if (b < n_grouped) {
+      half_grouped_block<P, 1>(panel, b, xb, acc8[b % 8]);
+    } else {
+      half_tail_block<P, 1>(panel, b, xb, acc8);
+    }
+  }
+  half_store<1>(acc8, y, 0, n_rows);
+}
+
+template <typename P, int NT>
+void half_tile_any(int nt, const HalfPanel<P>& panel, const HalfPanel<P>* next, int64_t nb,
+                   const uint8_t* tile, float* y, int64_t y_stride, int n_rows) {
+  if constexpr (NT >= 1) {
+    if (nt == NT) {
+      half_tile<P, NT>(panel, next, nb, tile, y, y_stride, n_rows);
+    } else {
+      half_tile_any<P, NT - 1>(nt, panel, next, nb, tile, y, y_stride, n_rows);
+    }
+  }
+}
+
+// MatmulPackedFn: rows [0, n_rows) of a packed matrix, half panel by half panel; each
+// half serves every token tile of the call while it sits in L1.
+template <typename P>
+void matmul_half_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
+                        int64_t n_tokens, float* y, int64_t y_stride) {
+  const int64_t nb = k / 32;
+  const int64_t half_bytes = nb * half_block_bytes<P>();
+  const int64_t tile_bytes = nb * HalfTileBlock::kBytes;
+  const int64_t n_halves = (n_rows + kHalfRows - 1) / kHalfRows;
+  for (int64_t h = 0; h < n_halves; ++h) {
+    const int nr = static_cast<int>(n_rows - h * kHalfRows < kHalfRows ? n_rows - h * kHalfRows : kHalfRows);
+    const HalfPanel<P> panel(packed + h * half_bytes, nb);
+    float* yh = y + h * kHalfRows;
+    const HalfPanel<P> next(packed + (h + 1) * half_bytes, nb);
+    const HalfPanel<P>* next_ptr = h + 1 < n_halves ? &next : nullptr;
+    if (n_tokens == 1) {
+      half_single<P>(panel, next_ptr, nb, x_tiles, yh, nr);
+      continue;
+    }
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kGemmTokens) {
+      const int nt = static_cast<int>(n_tokens - t0 < kGemmTokens ? n_tokens - t0 : kGemmTokens);
+      half_tile_any<P, kGemmTokens>(nt, panel, t0 == 0 ? next_ptr : nullptr, nb,
+                                    x_tiles + t0 / kGemmTokens * tile_bytes, yh + t0 * y_stride,
+                                    y_stride, nr);
+    }
+  }
+}
+
+// PackWeightFn: every 16-row panel of w in the packed form (layout above). Runs once
+// per weight at load, so plain byte copies are fast enough.
+template <typename P>
+void pack_weight_half(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t k, uint8_t* out) {
+  using Block = typename P::Block;
+  const int64_t nb = k / 32;
+  const int64_t half_bytes = nb * half_block_bytes<P>();
+  const int64_t n_halves = (n_rows + kMatmulPackRows - 1) / kMatmulPackRows * (kMatmulPackRows / kHalfRows);
+  std::memset(out, 0, static_cast<size_t>(n_halves * half_bytes));
+  for (int64_t row = 0; row < n_rows; ++row) {
+    uint8_t* half = out + row / kHalfRows * half_bytes;
+    const int r = static_cast<int>(row % kHalfRows);
+    uint8_t* wd = half + nb * P::kGroupBytes;
+    uint8_t* wm = wd + nb * 16;
+    const Block* blocks = reinterpret_cast<const Block*>(w + row * w_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      const Block& blk = blocks[b];
+      for (int j = 0; j < P::kGroupBytes / 32; ++j) {
+        std::memcpy(half + b * P::kGroupBytes + 32 * j + 4 * r,
+                    reinterpret_cast<const uint8_t*>(blk.qs) + 4 * j, 4);
+      }
+      std::memcpy(wd + 16 * b + 2 * r, &blk.d, 2);
+      if constexpr (P::kHasMin) std::memcpy(wm + 16 * b + 2 * r, &blk.m, 2);
+    }
+  }
+}
+
+// MatmulBatchFn for weights nobody packed at load: each 16-row panel is packed into
+// the thread's scratch, then served as a packed one.
+template <typename P>
+void matmul_half_batched(const uint8_t* w, size_t w_stride, const uint8_t* x_tiles, int64_t k,
+                         int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride,
+                         uint8_t* scratch) {
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kMatmulPackRows) {
+    const int64_t nr = n_rows - r0 < kMatmulPackRows ? n_rows - r0 : kMatmulPackRows;
+    pack_weight_half<P>(w + r0 * w_stride, w_stride, nr, k, scratch);
+    matmul_half_packed<P>(scratch, x_tiles, k, nr, n_tokens, y + r0, y_stride);
+  }
+}
+
+template <typename P>
+void add_half_kernels(KernelTable& t, DType dtype) {
+  const int i = static_cast<int>(dtype);
+  t.matmul_batched[i] = matmul_half_batched<P>;
+  t.pack_weight[i] = pack_weight_half<P>;
+  t.matmul_packed[i] = matmul_half_packed<P>;
+  t.packed_layout[i].block_bytes = 2 * half_block_bytes<P>();
+}
+
+// Installs the batched kernels into the AVX2 table. They serve every token count: a
+// single token streams the packed halves without the per-row kernels' gathers and
+// horizontal sums, and the results are the per-row kernels' anyway.
+inline void add_avx2_batched(KernelTable& t) {
+  add_half_kernels<HalfQ8_0>(t, DType::kQ8_0);
+  add_half_kernels<HalfQ4_0>(t, DType::kQ4_0);
+  add_half_kernels<HalfQ4_1>(t, DType::kQ4_1);
+  t.matmul_batched_min_tokens = 1;
+  t.matmul_batched_tile = kGemmTokens;
+}
+
+}  // namespace
+}  // namespace dserve::cpu
