@@ -55,6 +55,14 @@ struct MatmulTarget {
   float* y = nullptr;
 };
 
+// One input of Backend::matmul_grouped and the products that read it.
+struct MatmulGroup {
+  const float* x = nullptr;  // [n_tokens, k], k the row length of every target's w
+  int64_t n_tokens = 0;
+  const MatmulTarget* targets = nullptr;
+  int n_targets = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -72,6 +80,17 @@ class Backend {
                            int n_targets) {
     for (int i = 0; i < n_targets; ++i) {
       matmul(*targets[i].w, targets[i].bias, x, n_tokens, targets[i].y);
+    }
+  }
+
+  // Several matmul_many calls, each group with its own input (and row length): the
+  // experts of a mixture-of-experts layer, each over the tokens routed to it, and the
+  // shared experts over all. A backend may run them as one job, its work spread over
+  // its threads by weight bytes rather than one job per expert. Each output is what
+  // matmul would give. Default: one matmul_many per group.
+  virtual void matmul_grouped(const MatmulGroup* groups, int n_groups) {
+    for (int g = 0; g < n_groups; ++g) {
+      matmul_many(groups[g].x, groups[g].n_tokens, groups[g].targets, groups[g].n_targets);
     }
   }
 

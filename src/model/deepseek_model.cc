@@ -364,25 +364,44 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
   s.q_abs.resize(n * H * row);
   s.out_lat.resize(n * H * row);
-  s.tmp_in.resize(n * std::max(nope, r));
-  s.tmp_out.resize(n * std::max(r, vd));
+  // Every head's product as one grouped matmul (head h: its own input rows and
+  // weight), so the backend runs the layer's heads as one job rather than one each.
+  s.tmp_in.resize(H * n * std::max(nope, r));
+  s.tmp_out.resize(H * n * std::max(r, vd));
+  std::vector<MatmulTarget>& targets = s.head_targets;
+  std::vector<MatmulGroup>& groups = s.head_groups;
+  targets.resize(H);
+  groups.resize(H);
+  // tmp_in [H, n, nope] = q_nope per head; tmp_out [H, n, r] = tmp_in_h · W_UK_hᵀ
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(&s.tmp_in[t * nope], &s.q[(t * H + h) * qk], nope * sizeof(float));
-    backend_.matmul(w.w_uk_t[h], nullptr, s.tmp_in.data(), n, s.tmp_out.data());  // [n, r]
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(&s.tmp_in[(h * n + t) * nope], &s.q[(t * H + h) * qk], nope * sizeof(float));
+    }
+    targets[h] = {&w.w_uk_t[h], nullptr, &s.tmp_out[h * n * r]};
+    groups[h] = {&s.tmp_in[h * n * nope], n, &targets[h], 1};
+  }
+  backend_.matmul_grouped(groups.data(), static_cast<int>(H));
+  for (int64_t h = 0; h < H; ++h) {
     for (int64_t t = 0; t < n; ++t) {
       float* dst = &s.q_abs[(t * H + h) * row];
-      std::memcpy(dst, &s.tmp_out[t * r], r * sizeof(float));
+      std::memcpy(dst, &s.tmp_out[(h * n + t) * r], r * sizeof(float));
       std::memcpy(dst + r, &s.q[(t * H + h) * qk + nope], rope * sizeof(float));
     }
   }
   attend_latent(s.q_abs.data(), s.out_lat.data());
+  // tmp_in [H, n, r] = out_lat's latent part per head; tmp_out [H, n, v] = · W_UV_hᵀ
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(&s.tmp_in[t * r], &s.out_lat[(t * H + h) * row], r * sizeof(float));
-    backend_.matmul(w.w_uv[h], nullptr, s.tmp_in.data(), n, s.tmp_out.data());  // [n, v]
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(&s.att[(t * H + h) * vd], &s.tmp_out[t * vd], vd * sizeof(float));
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(&s.tmp_in[(h * n + t) * r], &s.out_lat[(t * H + h) * row], r * sizeof(float));
+    }
+    targets[h] = {&w.w_uv[h], nullptr, &s.tmp_out[h * n * vd]};
+    groups[h] = {&s.tmp_in[h * n * r], n, &targets[h], 1};
+  }
+  backend_.matmul_grouped(groups.data(), static_cast<int>(H));
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(&s.att[(t * H + h) * vd], &s.tmp_out[(h * n + t) * vd], vd * sizeof(float));
+    }
   }
 }
 

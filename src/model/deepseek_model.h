@@ -138,7 +138,9 @@ class DeepseekModel {
     std::vector<float> k, v;                   // [n_kv, H, qk], [n_kv, H, v] expanded
     std::vector<float> q_abs;                  // [n, H, r + rope]       absorbed
     std::vector<float> out_lat;                // [n, H, r + rope]       absorbed
-    std::vector<float> tmp_in, tmp_out;        // per-head gathers
+    std::vector<float> tmp_in, tmp_out;        // [H, n, ...] per-head gathers
+    std::vector<MatmulTarget> head_targets;    // [H] absorbed MLA's per-head products
+    std::vector<MatmulGroup> head_groups;      // [H]
     std::vector<float> gate, up;               // [rows, inter]
     std::vector<float> moe_out;                // [n, hidden]
     std::vector<float> expert_in, expert_out;  // [rows, hidden]

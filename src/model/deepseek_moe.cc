@@ -106,14 +106,19 @@ void DeepseekModel::route(const LayerWeights& w, int64_t n, std::vector<int32_t>
   }
 }
 
-// s.xb [n, hidden] -> s.moe_out [n, hidden]. Tokens are bucketed by expert; each
-// expert with at least one token runs once over its rows (gathered into one
-// contiguous batch), and its output is scattered back scaled by the routing weight.
+// s.xb [n, hidden] -> s.moe_out [n, hidden]. Tokens are bucketed by expert and
+// gathered into one contiguous batch per expert; every active expert's gate/up (and
+// the shared experts' over all tokens) runs as one grouped matmul, then every down
+// projection as another, so the backend spreads the layer's weight bytes over its
+// threads in two jobs rather than two per expert. Each expert's output is scattered
+// back scaled by the routing weight, experts in increasing order.
 void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
   const DeepseekConfig& c = config_;
   Scratch& s = scratch_;
   const int E = c.n_routed_experts, k = c.n_experts_per_tok;
   const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.moe_intermediate_size;
+  const int64_t shared_inter = inter * c.n_shared_experts;
   std::vector<int32_t> ids;
   std::vector<float> weights;
   route(w, n, &ids, &weights);
@@ -122,17 +127,33 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
   std::vector<int64_t> start(E + 1, 0);
   for (int32_t e : ids) ++start[e + 1];
   for (int e = 0; e < E; ++e) start[e + 1] += start[e];
-  std::vector<int64_t> slot_token(n * k);
-  std::vector<float> slot_weight(n * k);
+  const int64_t n_slots = n * k;
+  std::vector<int64_t> slot_token(n_slots);
+  std::vector<float> slot_weight(n_slots);
   std::vector<int64_t> fill(start.begin(), start.end() - 1);
-  for (int64_t i = 0; i < n * k; ++i) {
+  for (int64_t i = 0; i < n_slots; ++i) {
     const int64_t at = fill[ids[i]]++;
     slot_token[at] = i / k;
     slot_weight[at] = weights[i];
   }
+  // expert_in [n_slots, hidden]: slot i's token, in slot (expert) order.
+  s.expert_in.resize(n_slots * hidden);
+  for (int64_t i = 0; i < n_slots; ++i) {
+    std::memcpy(&s.expert_in[i * hidden], &s.xb[slot_token[i] * hidden], hidden * sizeof(float));
+  }
 
-  std::fill(s.moe_out.begin(), s.moe_out.begin() + n * hidden, 0.0f);
-  moe_stats_.routed_slots += n * k;
+  // gate, up [n_slots * inter + n * shared_inter]: the routed slots' rows, then the
+  // shared experts' rows of every token.
+  const int64_t act = n_slots * inter + n * shared_inter;
+  s.gate.resize(act);
+  s.up.resize(act);
+  std::vector<MatmulTarget> gate_up;
+  std::vector<MatmulTarget> down;
+  std::vector<MatmulGroup> groups;
+  gate_up.reserve(2 * (E + 1));
+  down.reserve(E + 1);
+  groups.reserve(E + 1);
+  moe_stats_.routed_slots += n_slots;
   for (int e = 0; e < E; ++e) {
     const int64_t m = start[e + 1] - start[e];
     if (m == 0) {
@@ -141,26 +162,48 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
     }
     ++moe_stats_.expert_runs;
     moe_stats_.expert_rows += m;
-    s.expert_in.resize(m * hidden);
-    s.expert_out.resize(m * hidden);
-    for (int64_t i = 0; i < m; ++i) {
-      std::memcpy(&s.expert_in[i * hidden], &s.xb[slot_token[start[e] + i] * hidden],
-                  hidden * sizeof(float));
-    }
-    run_mlp(w.experts[e], c.moe_intermediate_size, s.expert_in.data(), m, s.expert_out.data());
-    for (int64_t i = 0; i < m; ++i) {
-      const float wt = slot_weight[start[e] + i];
-      float* dst = &s.moe_out[slot_token[start[e] + i] * hidden];
-      const float* src = &s.expert_out[i * hidden];
-      for (int64_t d = 0; d < hidden; ++d) dst[d] += wt * src[d];
-    }
+    gate_up.push_back({w.experts[e].gate, nullptr, s.gate.data() + start[e] * inter});
+    gate_up.push_back({w.experts[e].up, nullptr, s.up.data() + start[e] * inter});
   }
-  if (c.n_shared_experts > 0) {
-    s.expert_out.resize(n * hidden);
-    run_mlp(w.shared, c.moe_intermediate_size * c.n_shared_experts, s.xb.data(), n,
-            s.expert_out.data());
-    backend_.add_inplace(s.moe_out.data(), s.expert_out.data(), n * hidden);
+  const bool shared = c.n_shared_experts > 0;
+  if (shared) {
+    gate_up.push_back({w.shared.gate, nullptr, s.gate.data() + n_slots * inter});
+    gate_up.push_back({w.shared.up, nullptr, s.up.data() + n_slots * inter});
   }
+  int j = 0;
+  for (int e = 0; e < E; ++e) {
+    const int64_t m = start[e + 1] - start[e];
+    if (m == 0) continue;
+    groups.push_back({s.expert_in.data() + start[e] * hidden, m, &gate_up[2 * j++], 2});
+  }
+  if (shared) groups.push_back({s.xb.data(), n, &gate_up[2 * j], 2});
+  backend_.matmul_grouped(groups.data(), static_cast<int>(groups.size()));
+  backend_.silu_mul(s.gate.data(), s.up.data(), act, s.gate.data());
+
+  // expert_out [n_slots + n, hidden]: each slot's expert output, then the shared
+  // experts' output of every token.
+  s.expert_out.resize((n_slots + n) * hidden);
+  groups.clear();
+  for (int e = 0; e < E; ++e) {
+    const int64_t m = start[e + 1] - start[e];
+    if (m == 0) continue;
+    down.push_back({w.experts[e].down, nullptr, s.expert_out.data() + start[e] * hidden});
+    groups.push_back({s.gate.data() + start[e] * inter, m, &down.back(), 1});
+  }
+  if (shared) {
+    down.push_back({w.shared.down, nullptr, s.expert_out.data() + n_slots * hidden});
+    groups.push_back({s.gate.data() + n_slots * inter, n, &down.back(), 1});
+  }
+  backend_.matmul_grouped(groups.data(), static_cast<int>(groups.size()));
+
+  std::fill(s.moe_out.begin(), s.moe_out.begin() + n * hidden, 0.0f);
+  for (int64_t i = 0; i < n_slots; ++i) {
+    const float wt = slot_weight[i];
+    float* dst = &s.moe_out[slot_token[i] * hidden];
+    const float* src = &s.expert_out[i * hidden];
+    for (int64_t d = 0; d < hidden; ++d) dst[d] += wt * src[d];
+  }
+  if (shared) backend_.add_inplace(s.moe_out.data(), s.expert_out.data() + n_slots * hidden, n * hidden);
 }
 
 }  // namespace dserve

@@ -27,11 +27,12 @@ class CpuBackend final : public Backend {
   CpuIsa isa() const { return kernels_.isa; }
   int n_threads() const { return pool_.n_threads(); }
 
-  // matmul, matmul_many and prepare_matmul_weight are in matmul.cc.
+  // matmul, matmul_many, matmul_grouped and prepare_matmul_weight are in matmul.cc.
   void matmul(const TensorView& w, const TensorView* bias, const float* x, int64_t n_tokens,
               float* y) override;
   void matmul_many(const float* x, int64_t n_tokens, const MatmulTarget* targets,
                    int n_targets) override;
+  void matmul_grouped(const MatmulGroup* groups, int n_groups) override;
   void prepare_matmul_weight(const TensorView& w) override;
   int64_t prepared_weight_bytes() const override { return prepared_bytes_; }
   ThreadPool* host_thread_pool() override { return &pool_; }
@@ -78,7 +79,8 @@ class CpuBackend final : public Backend {
   int64_t prepared_bytes_ = 0;                            // their storage, in all
   ScratchBuffer act_rows_[3];               // quantised activations, per ActFormat
   ScratchBuffer act_tiles_;                 // Q8x32 activations in tiles (batched kernels)
-  ScratchBuffer matmul_tasks_;              // matmul_many's task list
+  ScratchBuffer matmul_tasks_;              // matmul_grouped's task list
+  ScratchBuffer matmul_plan_;               // and its per-target / per-group plan
   ScratchBuffer param_;                     // float copies of norm weights / biases
   std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
 

@@ -1,6 +1,8 @@
-// CpuBackend::matmul / matmul_many: prepares the activations once per call in every
-// form its weights need (int8 rows, or int8 tiles for a batched kernel), then splits
-// the weights' rows into chunks, all targets' chunks as one job over the thread pool.
+// CpuBackend::matmul / matmul_many / matmul_grouped: prepares each input once per call
+// in every form its weights need (int8 rows, or int8 tiles for a batched kernel), then
+// splits the weights' rows into chunks, all targets' chunks of all groups as one job
+// over the thread pool (a mixture-of-experts layer's experts are one job, not one
+// each).
 // Each task runs all tokens of the call over its rows (in token blocks), so a weight
 // chunk is read from memory once per call and then served from cache: decode (1
 // token) is bound by weight bandwidth, prefill and batched decode by the kernels'
@@ -36,11 +38,31 @@ constexpr int64_t kParallelQuantizeValues = 1 << 14;
 
 enum class Path { kPacked, kBatched, kRows };
 
-// One task of a matmul_many job: rows [r0, r0 + n_rows) of target `target`.
+// One task of a matmul_grouped job: rows [r0, r0 + n_rows) of the target planned at
+// plans[target].
 struct MatmulTask {
   int target;
   Path path;
   int64_t r0, n_rows;
+};
+
+// How one target of a job runs: its group and index there, its kernel path, and its
+// packed copy (kPacked).
+struct TargetPlan {
+  int group, target;
+  Path path;
+  const uint8_t* packed;
+};
+
+// One group's input in the forms its targets need: k, and where its tiles and
+// quantised rows sit in the shared activation buffers.
+struct GroupInput {
+  int64_t k = 0;  // 0: the group has no work
+  bool need_tiles = false;
+  bool need_rows[3] = {false, false, false};
+  int64_t tiles_at = 0;
+  int64_t rows_at[3] = {0, 0, 0};
+  int64_t row_bytes[3] = {0, 0, 0};
 };
 
 }  // namespace
@@ -90,101 +112,150 @@ void CpuBackend::matmul(const TensorView& w, const TensorView* bias, const float
 
 void CpuBackend::matmul_many(const float* x, int64_t n_tokens, const MatmulTarget* targets,
                              int n_targets) {
-  if (n_tokens <= 0 || n_targets <= 0) return;
-  const int64_t k = targets[0].w->row_length();
-  for (int i = 0; i < n_targets; ++i) {
-    const TensorView& w = *targets[i].w;
-    DS_CHECK(w.n_dims() == 2);
-    DS_CHECK_MSG(w.shape[1] == k, "matmul_many: weights of row lengths %lld and %lld",
-                 static_cast<long long>(k), static_cast<long long>(w.shape[1]));
-    DS_CHECK(static_cast<int>(w.dtype) < kNumDTypes);
-  }
+  const MatmulGroup group{x, n_tokens, targets, n_targets};
+  matmul_grouped(&group, 1);
+}
 
-  // 1. Each target's path, and the activation forms they need.
-  const bool batched_ok = n_tokens >= kernels_.matmul_batched_min_tokens;
-  Path paths[64];
-  DS_CHECK(n_targets <= 64);
-  const uint8_t* packed[64];
-  bool need_tiles = false, need_scratch = false, need_rows[3] = {false, false, false};
-  for (int i = 0; i < n_targets; ++i) {
-    const TensorView& w = *targets[i].w;
-    const int type = static_cast<int>(w.dtype);
-    packed[i] = batched_ok && kernels_.matmul_packed[type] != nullptr ? packed_for(w) : nullptr;
-    if (packed[i] != nullptr) {
-      paths[i] = Path::kPacked;
-    } else if (batched_ok && kernels_.matmul_batched[type] != nullptr) {
-      paths[i] = Path::kBatched;
-      need_scratch = true;
-    } else {
-      paths[i] = Path::kRows;
-    }
-    if (paths[i] == Path::kRows) {
-      need_rows[static_cast<int>(act_format_for(w.dtype))] = true;
-    } else {
-      DS_CHECK(act_format_for(w.dtype) == ActFormat::kQ8x32);
-      need_tiles = true;
-    }
+void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
+  // 1. Each target's path; each group's activation forms, with their places in the
+  // shared buffers (a group's tiles start on a tile boundary of their own).
+  int n_all = 0;
+  for (int g = 0; g < n_groups; ++g) {
+    if (groups[g].n_tokens > 0) n_all += groups[g].n_targets;
   }
-
-  // 2. The activations in those forms, quantised once for all targets.
+  if (n_all == 0) return;
+  // One buffer: the target plans, then the group inputs (both 8-byte aligned).
+  uint8_t* plan_memory = matmul_plan_.get(static_cast<size_t>(n_all) * sizeof(TargetPlan) +
+                                          static_cast<size_t>(n_groups) * sizeof(GroupInput));
+  auto* plans = reinterpret_cast<TargetPlan*>(plan_memory);
+  auto* inputs = reinterpret_cast<GroupInput*>(plan_memory + static_cast<size_t>(n_all) * sizeof(TargetPlan));
   const int64_t tile = kernels_.matmul_batched_tile;
-  uint8_t* tiles = nullptr;
-  if (need_tiles) {
-    DS_CHECK(kBatchTokenBlock % tile == 0);
-    tiles = act_tiles_.get(static_cast<size_t>(q8x32_tiles_bytes(k, n_tokens, tile)));
-  }
-  const uint8_t* rows[3] = {reinterpret_cast<const uint8_t*>(x), nullptr, nullptr};
-  int64_t row_bytes[3] = {k * 4, 0, 0};
-  uint8_t* quantised[3] = {nullptr, nullptr, nullptr};
-  for (int fi = 1; fi < 3; ++fi) {  // the int8 formats; F32 rows are x itself
-    if (!need_rows[fi]) continue;
-    row_bytes[fi] = act_row_bytes(static_cast<ActFormat>(fi), k);
-    quantised[fi] = act_rows_[fi].get(static_cast<size_t>(row_bytes[fi] * n_tokens));
-    rows[fi] = quantised[fi];
-  }
-  if (need_tiles || quantised[1] != nullptr || quantised[2] != nullptr) {
-    auto quantize_tokens = [&](int64_t begin, int64_t end, int) {
-      for (int64_t t = begin; t < end; ++t) {
-        const float* xt = x + t * k;
-        if (tiles != nullptr) kernels_.quantize_q8x32_tiles(xt, k, t, tile, tiles);
-        if (quantised[1] != nullptr) kernels_.quantize_q8x32(xt, k, quantised[1] + t * row_bytes[1]);
-        if (quantised[2] != nullptr) {
-          kernels_.quantize_q8x256(xt, k, quantised[2] + t * row_bytes[2]);
-        }
+  int64_t tile_bytes = 0, rows_bytes[3] = {0, 0, 0}, total_values = 0;
+  int n_plans = 0;
+  for (int g = 0; g < n_groups; ++g) {
+    const MatmulGroup& group = groups[g];
+    GroupInput& in = inputs[g];
+    in = GroupInput{};
+    if (group.n_tokens <= 0 || group.n_targets <= 0) continue;
+    const int64_t k = group.targets[0].w->row_length();
+    in.k = k;
+    const bool batched_ok = group.n_tokens >= kernels_.matmul_batched_min_tokens;
+    for (int i = 0; i < group.n_targets; ++i) {
+      const TensorView& w = *group.targets[i].w;
+      DS_CHECK(w.n_dims() == 2);
+      DS_CHECK_MSG(w.shape[1] == k, "matmul_many: weights of row lengths %lld and %lld",
+                   static_cast<long long>(k), static_cast<long long>(w.shape[1]));
+      const int type = static_cast<int>(w.dtype);
+      DS_CHECK(type < kNumDTypes);
+      TargetPlan& plan = plans[n_plans++];
+      plan = TargetPlan{g, i, Path::kRows, nullptr};
+      plan.packed = batched_ok && kernels_.matmul_packed[type] != nullptr ? packed_for(w) : nullptr;
+      if (plan.packed != nullptr) {
+        plan.path = Path::kPacked;
+      } else if (batched_ok && kernels_.matmul_batched[type] != nullptr) {
+        plan.path = Path::kBatched;
       }
-    };
-    if (n_tokens * k < kParallelQuantizeValues) {
-      quantize_tokens(0, n_tokens, 0);
-    } else if (tiles != nullptr) {
-      // Whole tiles per thread: a tile's tokens share cache lines (4 bytes each per
-      // group), and two threads writing one line would pass it back and forth.
-      pool_.parallel_for((n_tokens + tile - 1) / tile, 1, [&](int64_t begin, int64_t end, int) {
-        quantize_tokens(begin * tile, std::min(n_tokens, end * tile), 0);
-      });
+      if (plan.path == Path::kRows) {
+        in.need_rows[static_cast<int>(act_format_for(w.dtype))] = true;
+      } else {
+        DS_CHECK(act_format_for(w.dtype) == ActFormat::kQ8x32);
+        in.need_tiles = true;
+      }
+    }
+    if (in.need_tiles) {
+      DS_CHECK(kBatchTokenBlock % tile == 0);
+      in.tiles_at = tile_bytes;
+      tile_bytes += q8x32_tiles_bytes(k, group.n_tokens, tile);
+    }
+    for (int fi = 1; fi < 3; ++fi) {  // the int8 formats; F32 rows are x itself
+      if (!in.need_rows[fi]) continue;
+      in.row_bytes[fi] = act_row_bytes(static_cast<ActFormat>(fi), k);
+      in.rows_at[fi] = rows_bytes[fi];
+      rows_bytes[fi] += in.row_bytes[fi] * group.n_tokens;
+    }
+    if (in.need_tiles || in.need_rows[1] || in.need_rows[2]) total_values += group.n_tokens * k;
+  }
+
+  // 2. The activations in those forms, quantised once for all the group's targets.
+  uint8_t* tiles = tile_bytes > 0 ? act_tiles_.get(static_cast<size_t>(tile_bytes)) : nullptr;
+  uint8_t* quantised[3] = {nullptr, nullptr, nullptr};
+  for (int fi = 1; fi < 3; ++fi) {
+    if (rows_bytes[fi] > 0) quantised[fi] = act_rows_[fi].get(static_cast<size_t>(rows_bytes[fi]));
+  }
+  auto quantize_tokens = [&](const GroupInput& in, const float* x, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* xt = x + t * in.k;
+      if (in.need_tiles) kernels_.quantize_q8x32_tiles(xt, in.k, t, tile, tiles + in.tiles_at);
+      if (in.need_rows[1]) {
+        kernels_.quantize_q8x32(xt, in.k, quantised[1] + in.rows_at[1] + t * in.row_bytes[1]);
+      }
+      if (in.need_rows[2]) {
+        kernels_.quantize_q8x256(xt, in.k, quantised[2] + in.rows_at[2] + t * in.row_bytes[2]);
+      }
+    }
+  };
+  if (total_values > 0) {
+    if (total_values < kParallelQuantizeValues) {
+      for (int g = 0; g < n_groups; ++g) {
+        if (inputs[g].k > 0) quantize_tokens(inputs[g], groups[g].x, 0, groups[g].n_tokens);
+      }
     } else {
-      pool_.parallel_for(n_tokens, 1, quantize_tokens);
+      // Units of whole tiles (a tile's tokens share cache lines, 4 bytes each per
+      // group, and two threads writing one line would pass it back and forth).
+      const int64_t unit = std::max<int64_t>(tile, 8);
+      int64_t n_units = 0;
+      for (int g = 0; g < n_groups; ++g) n_units += (groups[g].n_tokens + unit - 1) / unit;
+      pool_.parallel_for(n_units, 1, [&](int64_t begin, int64_t end, int) {
+        int64_t first = 0;  // units before group g
+        for (int g = 0; g < n_groups && begin < end; ++g) {
+          const int64_t n_g = groups[g].n_tokens > 0 ? (groups[g].n_tokens + unit - 1) / unit : 0;
+          const int64_t lo = std::max(begin, first), hi = std::min(end, first + n_g);
+          if (lo < hi && inputs[g].k > 0) {
+            quantize_tokens(inputs[g], groups[g].x, (lo - first) * unit,
+                            std::min(groups[g].n_tokens, (hi - first) * unit));
+          }
+          first += n_g;
+        }
+      });
     }
   }
 
-  // 3. Row chunks of every target, one job. Panel paths: chunks of whole panels,
-  // sized over all targets' panels together (a panel's cost does not depend on which
-  // weight it belongs to). Per-row kernels: chunks that stay in L2.
+  // 3. Row chunks of every target, one job. Panel paths: chunks of whole panels, sized
+  // over all targets' panels together weighted by their token tiles (a panel's cost
+  // depends on its tokens, not on which weight it belongs to). Per-row kernels:
+  // chunks that stay in L2.
   const int64_t n_threads = pool_.n_threads();
-  int64_t total_panels = 0;
-  for (int i = 0; i < n_targets; ++i) {
-    if (paths[i] != Path::kRows) total_panels += (targets[i].w->shape[0] + 15) / 16;
+  auto token_tiles = [&](const TargetPlan& p) {
+    const int64_t n = groups[p.group].n_tokens;
+    return tile > 0 ? (n + tile - 1) / tile : n;
+  };
+  int64_t total_cost = 0;
+  bool need_scratch = false;
+  int64_t max_k = 0;
+  for (int i = 0; i < n_plans; ++i) {
+    const TargetPlan& p = plans[i];
+    if (p.path == Path::kRows) continue;
+    total_cost += (groups[p.group].targets[p.target].w->shape[0] + 15) / 16 * token_tiles(p);
+    if (p.path == Path::kBatched) {
+      need_scratch = true;
+      max_k = std::max(max_k, inputs[p.group].k);
+    }
   }
-  const int64_t panels_per_task = std::max<int64_t>(
-      1, (total_panels + kPanelTasksPerThread * n_threads - 1) / (kPanelTasksPerThread * n_threads));
+  const int64_t cost_per_task = std::max<int64_t>(
+      1, (total_cost + kPanelTasksPerThread * n_threads - 1) / (kPanelTasksPerThread * n_threads));
   int64_t max_tasks = 0;
-  for (int i = 0; i < n_targets; ++i) max_tasks += targets[i].w->shape[0] / kRowGranule + 1;
+  for (int i = 0; i < n_plans; ++i) {
+    max_tasks += groups[plans[i].group].targets[plans[i].target].w->shape[0] / kRowGranule + 1;
+  }
   auto* tasks = matmul_tasks_.get_as<MatmulTask>(static_cast<size_t>(max_tasks));
   int64_t n_tasks = 0;
-  for (int i = 0; i < n_targets; ++i) {
-    const TensorView& w = *targets[i].w;
+  for (int i = 0; i < n_plans; ++i) {
+    const TargetPlan& p = plans[i];
+    const TensorView& w = *groups[p.group].targets[p.target].w;
     const int64_t n = w.shape[0];
-    int64_t rows_per_task = panels_per_task * kRowGranule;
-    if (paths[i] == Path::kRows) {
+    int64_t rows_per_task =
+        std::max<int64_t>(1, cost_per_task / std::max<int64_t>(1, token_tiles(p))) * kRowGranule;
+    if (p.path == Path::kRows) {
       rows_per_task = round_up((n + 4 * n_threads - 1) / (4 * n_threads), kRowGranule);
       rows_per_task = std::min(
           rows_per_task, std::max(kRowGranule, kMaxTaskWeightBytes /
@@ -192,27 +263,32 @@ void CpuBackend::matmul_many(const float* x, int64_t n_tokens, const MatmulTarge
                                                    kRowGranule * kRowGranule));
     }
     for (int64_t r0 = 0; r0 < n; r0 += rows_per_task) {
-      tasks[n_tasks++] = {i, paths[i], r0, std::min(rows_per_task, n - r0)};
+      tasks[n_tasks++] = {i, p.path, r0, std::min(rows_per_task, n - r0)};
     }
   }
   if (need_scratch) {
-    const auto scratch_bytes = static_cast<size_t>(matmul_batched_scratch_bytes(k));
+    const auto scratch_bytes = static_cast<size_t>(matmul_batched_scratch_bytes(max_k));
     for (auto& buf : per_thread_) buf.get(scratch_bytes);  // no allocation inside tasks
   }
   pool_.run(n_tasks, [&](int64_t task_index, int thread) {
     const MatmulTask& task = tasks[task_index];
-    const TensorView& w = *targets[task.target].w;
-    const int64_t n = w.shape[0];
-    float* y = targets[task.target].y;
+    const TargetPlan& plan = plans[task.target];
+    const MatmulGroup& group = groups[plan.group];
+    const GroupInput& in = inputs[plan.group];
+    const MatmulTarget& target = group.targets[plan.target];
+    const TensorView& w = *target.w;
+    const int64_t n = w.shape[0], k = in.k, n_tokens = group.n_tokens;
+    float* y = target.y;
     const int type = static_cast<int>(w.dtype);
     const int64_t w_stride = static_cast<int64_t>(w.row_bytes());
     const uint8_t* wb = w.row(task.r0);
+    const uint8_t* x_tiles = tiles != nullptr ? tiles + in.tiles_at : nullptr;
     switch (task.path) {
       case Path::kPacked: {
-        const uint8_t* panels = packed[task.target] +
-                                task.r0 / kMatmulPackRows * kernels_.packed_layout[type].panel_bytes(k);
+        const uint8_t* panels =
+            plan.packed + task.r0 / kMatmulPackRows * kernels_.packed_layout[type].panel_bytes(k);
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          kernels_.matmul_packed[type](panels, tiles + q8x32_tiles_bytes(k, t0, tile), k,
+          kernels_.matmul_packed[type](panels, x_tiles + q8x32_tiles_bytes(k, t0, tile), k,
                                        task.n_rows, std::min(kBatchTokenBlock, n_tokens - t0),
                                        y + t0 * n + task.r0, n);
         }
@@ -220,9 +296,9 @@ void CpuBackend::matmul_many(const float* x, int64_t n_tokens, const MatmulTarge
       }
       case Path::kBatched: {
         uint8_t* scratch = per_thread_[thread].get(
-            static_cast<size_t>(matmul_batched_scratch_bytes(k)));
+            static_cast<size_t>(matmul_batched_scratch_bytes(max_k)));
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          kernels_.matmul_batched[type](wb, w_stride, tiles + q8x32_tiles_bytes(k, t0, tile), k,
+          kernels_.matmul_batched[type](wb, w_stride, x_tiles + q8x32_tiles_bytes(k, t0, tile), k,
                                         task.n_rows, std::min(kBatchTokenBlock, n_tokens - t0),
                                         y + t0 * n + task.r0, n, scratch);
         }
@@ -230,10 +306,12 @@ void CpuBackend::matmul_many(const float* x, int64_t n_tokens, const MatmulTarge
       }
       case Path::kRows: {
         const int fi = static_cast<int>(act_format_for(w.dtype));
+        const uint8_t* rows = fi == 0 ? reinterpret_cast<const uint8_t*>(group.x)
+                                      : quantised[fi] + in.rows_at[fi];
+        const int64_t row_bytes = fi == 0 ? k * 4 : in.row_bytes[fi];
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-          kernels_.matmul[type](wb, w_stride, rows[fi] + t0 * row_bytes[fi], row_bytes[fi], k,
-                                task.n_rows, std::min(kTokenBlock, n_tokens - t0),
-                                y + t0 * n + task.r0, n);
+          kernels_.matmul[type](wb, w_stride, rows + t0 * row_bytes, row_bytes, k, task.n_rows,
+                                std::min(kTokenBlock, n_tokens - t0), y + t0 * n + task.r0, n);
         }
         break;
       }
@@ -241,13 +319,15 @@ void CpuBackend::matmul_many(const float* x, int64_t n_tokens, const MatmulTarge
   });
 
   // 4. Biases.
-  for (int i = 0; i < n_targets; ++i) {
-    const TensorView* bias = targets[i].bias;
-    if (bias == nullptr) continue;
-    const int64_t n = targets[i].w->shape[0];
-    DS_CHECK(bias->n_elements() == n);
-    const float* b = as_f32(*bias, param_);
-    for (int64_t t = 0; t < n_tokens; ++t) kernels_.add_f32(targets[i].y + t * n, b, n);
+  for (int i = 0; i < n_plans; ++i) {
+    const MatmulTarget& target = groups[plans[i].group].targets[plans[i].target];
+    if (target.bias == nullptr) continue;
+    const int64_t n = target.w->shape[0];
+    DS_CHECK(target.bias->n_elements() == n);
+    const float* b = as_f32(*target.bias, param_);
+    for (int64_t t = 0; t < groups[plans[i].group].n_tokens; ++t) {
+      kernels_.add_f32(target.y + t * n, b, n);
+    }
   }
 }
 
