@@ -15,6 +15,7 @@
 //        rounding error, |x - xq| <= d/2 per element: sum |w_i| * d_i / 2 (+ (a)).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -451,6 +452,49 @@ TEST_P(BackendOpsTest, MatmulManyEqualsOneByOne) {
       EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
           << dtype_name(specs[i].first);
     }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulGroupedEqualsOneByOne) {
+  // Groups with inputs of their own (a MoE layer's experts): row lengths, token
+  // counts (one, none, more than a tile) and types that differ between groups, some
+  // weights prepared; each output as its own matmul gives it, bit for bit.
+  struct Spec {
+    DType t;
+    int64_t n, k, n_tokens;
+    bool prepare;
+  };
+  const std::vector<Spec> specs = {
+      {DType::kQ8_0, 40, 256, 1, true},  {DType::kQ4_1, 33, 256, 13, true},
+      {DType::kQ4_0, 16, 96, 0, false},  {DType::kQ4_K, 20, 512, 3, false},
+      {DType::kQ4_1, 70, 576, 2, false}, {DType::kF32, 9, 64, 5, false},
+      {DType::kQ8_0, 17, 96, 31, false}};
+  std::vector<std::vector<uint8_t>> wbytes;
+  std::vector<TensorView> ws;
+  std::vector<std::vector<float>> xs, want, got;
+  for (const Spec& s : specs) {
+    wbytes.push_back(random_weights(s.t, s.n, s.k, rng_));
+    xs.push_back(random_floats(std::max<int64_t>(s.n_tokens, 1) * s.k, rng_));
+    want.emplace_back(s.n_tokens * s.n);
+    got.emplace_back(s.n_tokens * s.n, NAN);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ws.push_back({specs[i].t, {specs[i].n, specs[i].k}, wbytes[i].data(), wbytes[i].size()});
+    if (specs[i].prepare) backend_->prepare_matmul_weight(ws[i]);
+  }
+  std::vector<MatmulTarget> targets(specs.size());
+  std::vector<MatmulGroup> groups(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].n_tokens > 0) {
+      backend_->matmul(ws[i], nullptr, xs[i].data(), specs[i].n_tokens, want[i].data());
+    }
+    targets[i] = {&ws[i], nullptr, got[i].data()};
+    groups[i] = {xs[i].data(), specs[i].n_tokens, &targets[i], 1};
+  }
+  backend_->matmul_grouped(groups.data(), static_cast<int>(groups.size()));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
+        << "group " << i << " " << dtype_name(specs[i].t);
   }
 }
 
