@@ -103,7 +103,9 @@ inline void store_q8x32_tile_slot(uint8_t* slot, int64_t tile, const int8_t* qs,
 void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile, uint8_t* tiles);
 
 // y[t * y_stride + r] = dot(row r of w, token t) for r < n_rows, t < n_tokens, with
-// the activations in tiles as above (tile width KernelTable::matmul_batched_tile).
+// the activations in tiles as above (tile width KernelTable::matmul_batched_tile) for
+// the 32-block types, and as Q8x256 rows (act_row_bytes(kQ8x256, k) apart) for the
+// K-quants.
 // May repack weight rows into `scratch`: matmul_batched_scratch_bytes(k) bytes,
 // 64-byte aligned, owned by the calling thread.
 using MatmulBatchFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* x_tiles,
@@ -174,9 +176,9 @@ struct KernelTable {
   void (*quantize_q8x32)(const float* x, int64_t k, uint8_t* out);
   void (*quantize_q8x256)(const float* x, int64_t k, uint8_t* out);
   MatmulTileFn matmul[kNumDTypes];  // indexed by DType
-  // Optional faster kernels for n_tokens >= matmul_batched_min_tokens, for weight
-  // types whose ActFormat is kQ8x32; null where a level has none for a type (then
-  // matmul[] serves every token count).
+  // Optional faster kernels for n_tokens >= matmul_batched_min_tokens, for quantised
+  // weight types (activations: see MatmulBatchFn); null where a level has none for a
+  // type (then matmul[] serves every token count).
   MatmulBatchFn matmul_batched[kNumDTypes];
   int64_t matmul_batched_min_tokens;
   int64_t matmul_batched_tile;  // tokens per activation tile

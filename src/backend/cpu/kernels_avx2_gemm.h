@@ -387,6 +387,218 @@ void add_half_kernels(KernelTable& t, DType dtype) {
   t.packed_layout[i].block_bytes = 2 * half_block_bytes<P>();
 }
 
+// ---- Q4_K / Q5_K: packed half panels over Q8x256 activation rows ----
+//
+// A 256-element super-block of 8 rows is read as 32 vectors, vector c (0..31) lane r =
+// row r's qs bytes 4c..4c+3: c = 8g + i holds elements 64g + 4i.. (low nibbles,
+// sub-block 2g) and 64g + 32 + 4i.. (high nibbles, sub-block 2g + 1). Per sub-block s,
+// the 8 vectors' vpmaddubsw products with the token's 4 activations add up in int16
+// (at most 8 x 2 x 15 x 127 = 30480 for 4 bits; Q5_K's 31 allows 4 vectors, so it
+// widens twice per sub-block), and one vpmaddwd by the rows' 6-bit scale sc_s widens
+// and scales them: isum = sum_s sc_s sum_e q_e x_e, exactly. The minimum term msum =
+// sum_s mn_s (sum of the sub-block's activations) is another vpmaddwd per pair of
+// sub-blocks from the activation row's per-16 sums. Then, per row and token, as the
+// scalar kernel: acc = fma(isum, d dx, acc), acc = fma(msum, -dmin dx, acc) (the
+// integers are exact in float). Each token's arithmetic is its own, so results do not
+// depend on the batch; they differ from the per-row kernels only in float rounding
+// (the level's per-row K kernels are then unused: these serve every token count).
+//
+// The activations are Q8x256 rows (kernels.h), not tiles: a token's 4 bytes are
+// broadcast from its row.
+//
+// Packed half panel, per super-block (nb of them, one after another):
+//   qs   32 x 32 bytes (above)
+//   qh   Q5_K: 8 x 32 bytes, vector i lane r = row r's qh bytes 4i..4i+3 (bit 2g of byte
+//        l: the fifth bit of element 64g + l; bit 2g + 1: of element 64g + 32 + l)
+//   sc   8 x 8 bytes: [s][r] the 6-bit scale of sub-block s of row r
+//   mn   8 x 8 bytes: [s][r] its 6-bit minimum
+//   d    8 f16, dmin 8 f16 (lane order)
+struct HalfQ4_K {
+  using Block = block_q4_K;
+  static constexpr bool kFifthBit = false;
+};
+struct HalfQ5_K {
+  using Block = block_q5_K;
+  static constexpr bool kFifthBit = true;
+};
+template <typename P>
+constexpr int64_t half_kblock_bytes() {
+  return 1024 + (P::kFifthBit ? 256 : 0) + 64 + 64 + 16 + 16;
+}
+// Tokens per register tile: int16 sums for a sub-block's low and high halves and an
+// int32 sum per token leave room for the weights and broadcasts in 16 registers.
+constexpr int kKTokens = 3;
+
+// Rows' sub-block values (6-bit scales or minima) as int16 pairs: lane r = (v_r, v_r),
+// the form vpmaddwd wants against int16 pairs of one row.
+inline __m256i kquant_pairs(const uint8_t* v8) {
+  int64_t raw;
+  std::memcpy(&raw, v8, 8);
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(raw));
+  return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+
+template <typename P, int NT>
+void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride,
+                      float* y, int64_t y_stride, int n_rows) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  Q8x256Row xr[NT];
+  for (int t = 0; t < NT; ++t) xr[t] = q8x256_row(x + t * x_stride, nb * 256);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = half + b * half_kblock_bytes<P>();
+    const uint8_t* qh = blk + 1024;
+    const uint8_t* sc = blk + 1024 + (P::kFifthBit ? 256 : 0);
+    const uint8_t* mn = sc + 64;
+    const uint8_t* dd = mn + 64;
+    __m256i pairs[16];  // scales of sub-blocks 0..7, then minima of pairs of sub-blocks
+    for (int sb = 0; sb < 8; ++sb) pairs[sb] = kquant_pairs(sc + 8 * sb);
+    for (int p = 0; p < 4; ++p) {  // (mn_2p, mn_2p+1) per row, against two per-32 sums
+      const __m256i a = kquant_pairs(mn + 16 * p), c = kquant_pairs(mn + 16 * p + 8);
+      pairs[8 + p] = _mm256_blend_epi16(a, c, 0xAA);
+    }
+    __m256i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {
+      __m256i h4[8];
+      if constexpr (P::kFifthBit) {
+        for (int i = 0; i < 8; ++i) {
+          h4[i] = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * i)), 2 * g);
+        }
+      }
+      for (int half_i = 0; half_i < (P::kFifthBit ? 2 : 1); ++half_i) {
+        constexpr int kSpan = P::kFifthBit ? 4 : 8;  // vectors per int16 run
+        __m256i lo16[NT], hi16[NT];
+        for (int t = 0; t < NT; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
+        for (int j = 0; j < kSpan; ++j) {
+          const int i = half_i * kSpan + j;
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * g + i)));
+          __m256i lo = _mm256_and_si256(q, low4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+          if constexpr (P::kFifthBit) {
+            const __m256i one = _mm256_set1_epi8(1);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(h4[i], one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h4[i], 1), one), 4));
+          }
+          for (int t = 0; t < NT; ++t) {
+            const uint8_t* xq = reinterpret_cast<const uint8_t*>(xr[t].qs) + 256 * b + 64 * g + 4 * i;
+            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, bcast_i32(xq)));
+            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, bcast_i32(xq + 32)));
+          }
+        }
+        for (int t = 0; t < NT; ++t) {
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(lo16[t], pairs[2 * g]));
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(hi16[t], pairs[2 * g + 1]));
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dd)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dd + 16)));
+    const __m256 neg_dmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
+    for (int t = 0; t < NT; ++t) {
+      // Per-32 activation sums as int16 pairs (s_2p, s_2p+1): the per-16 sums added
+      // in pairs (at most 32 x 127, so int16 holds them).
+      const __m256i bs16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[t].bsums + 16 * b));
+      const __m256i s32 = _mm256_madd_epi16(bs16, ones);  // [s_0..s_7] as int32
+      const __m256i s16 = _mm256_packs_epi32(s32, s32);    // per 128 bits: s_0..3 | s_4..7
+      __m256i msum = _mm256_setzero_si256();
+      for (int p = 0; p < 4; ++p) {
+        // (s_2p, s_2p+1) sit in 32-bit word p of the low half (p < 2) or p - 2 of the high.
+        const __m128i part = p < 2 ? _mm256_castsi256_si128(s16) : _mm256_extracti128_si256(s16, 1);
+        const int32_t word = _mm_cvtsi128_si32(_mm_srli_si128(part, 4 * (p % 2)));
+        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[8 + p], _mm256_set1_epi32(word)));
+      }
+      const __m256 dx = _mm256_set1_ps(xr[t].d[b]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dx), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(neg_dmin, dx), acc[t]);
+    }
+  }
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(y + t * y_stride, mask, acc[t]);
+}
+
+template <typename P, int NT>
+void half_kquant_any(int nt, const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride,
+                     float* y, int64_t y_stride, int n_rows) {
+  if constexpr (NT >= 1) {
+    if (nt == NT) {
+      half_kquant_tile<P, NT>(half, nb, x, x_stride, y, y_stride, n_rows);
+    } else {
+      half_kquant_any<P, NT - 1>(nt, half, nb, x, x_stride, y, y_stride, n_rows);
+    }
+  }
+}
+
+// MatmulPackedFn for Q4_K / Q5_K: `x` is Q8x256 rows.
+template <typename P>
+void matmul_kquant_packed(const uint8_t* packed, const uint8_t* x, int64_t k, int64_t n_rows,
+                          int64_t n_tokens, float* y, int64_t y_stride) {
+  const int64_t nb = k / 256;
+  const int64_t half_bytes = nb * half_kblock_bytes<P>();
+  const int64_t x_stride = act_row_bytes(ActFormat::kQ8x256, k);
+  const int64_t n_halves = (n_rows + kHalfRows - 1) / kHalfRows;
+  for (int64_t h = 0; h < n_halves; ++h) {
+    const int nr = static_cast<int>(n_rows - h * kHalfRows < kHalfRows ? n_rows - h * kHalfRows : kHalfRows);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kKTokens) {
+      const int nt = static_cast<int>(n_tokens - t0 < kKTokens ? n_tokens - t0 : kKTokens);
+      half_kquant_any<P, kKTokens>(nt, packed + h * half_bytes, nb, x + t0 * x_stride, x_stride,
+                                   y + t0 * y_stride + h * kHalfRows, y_stride, nr);
+    }
+  }
+}
+
+// PackWeightFn for Q4_K / Q5_K (layout above).
+template <typename P>
+void pack_weight_kquant(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t k, uint8_t* out) {
+  using Block = typename P::Block;
+  const int64_t nb = k / 256;
+  const int64_t half_bytes = nb * half_kblock_bytes<P>();
+  const int64_t n_halves = (n_rows + kMatmulPackRows - 1) / kMatmulPackRows * (kMatmulPackRows / kHalfRows);
+  std::memset(out, 0, static_cast<size_t>(n_halves * half_bytes));
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const int r = static_cast<int>(row % kHalfRows);
+    const Block* blocks = reinterpret_cast<const Block*>(w + row * w_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = out + row / kHalfRows * half_bytes + b * half_kblock_bytes<P>();
+      const Block& src = blocks[b];
+      for (int c = 0; c < 32; ++c) std::memcpy(blk + 32 * c + 4 * r, src.qs + 4 * c, 4);
+      uint8_t* sc = blk + 1024;
+      if constexpr (P::kFifthBit) {
+        for (int i = 0; i < 8; ++i) std::memcpy(blk + 1024 + 32 * i + 4 * r, src.qh + 4 * i, 4);
+        sc += 256;
+      }
+      uint8_t* mn = sc + 64;
+      for (int sb = 0; sb < 8; ++sb) q_k_scale_min(sb, src.scales, sc + 8 * sb + r, mn + 8 * sb + r);
+      std::memcpy(mn + 64 + 2 * r, &src.d, 2);
+      std::memcpy(mn + 64 + 16 + 2 * r, &src.dmin, 2);
+    }
+  }
+}
+
+// MatmulBatchFn for Q4_K / Q5_K weights nobody packed at load (x: Q8x256 rows).
+template <typename P>
+void matmul_kquant_batched(const uint8_t* w, size_t w_stride, const uint8_t* x, int64_t k,
+                           int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride,
+                           uint8_t* scratch) {
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kMatmulPackRows) {
+    const int64_t nr = n_rows - r0 < kMatmulPackRows ? n_rows - r0 : kMatmulPackRows;
+    pack_weight_kquant<P>(w + r0 * w_stride, w_stride, nr, k, scratch);
+    matmul_kquant_packed<P>(scratch, x, k, nr, n_tokens, y + r0, y_stride);
+  }
+}
+
+template <typename P>
+void add_kquant_kernels(KernelTable& t, DType dtype) {
+  const int i = static_cast<int>(dtype);
+  t.matmul_batched[i] = matmul_kquant_batched<P>;
+  t.pack_weight[i] = pack_weight_kquant<P>;
+  t.matmul_packed[i] = matmul_kquant_packed<P>;
+  // Per 32 elements of a 16-row panel: two halves' super-blocks over 8.
+  t.packed_layout[i].block_bytes = 2 * half_kblock_bytes<P>() / 8;
+}
+
 // Installs the batched kernels into the AVX2 table. They serve every token count: a
 // single token streams the packed halves without the per-row kernels' gathers and
 // horizontal sums, and the results are the per-row kernels' anyway.
@@ -394,6 +606,8 @@ inline void add_avx2_batched(KernelTable& t) {
   add_half_kernels<HalfQ8_0>(t, DType::kQ8_0);
   add_half_kernels<HalfQ4_0>(t, DType::kQ4_0);
   add_half_kernels<HalfQ4_1>(t, DType::kQ4_1);
+  add_kquant_kernels<HalfQ4_K>(t, DType::kQ4_K);
+  add_kquant_kernels<HalfQ5_K>(t, DType::kQ5_K);
   t.matmul_batched_min_tokens = 1;
   t.matmul_batched_tile = kGemmTokens;
 }

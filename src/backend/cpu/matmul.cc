@@ -155,10 +155,11 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       } else if (batched_ok && kernels_.matmul_batched[type] != nullptr) {
         plan.path = Path::kBatched;
       }
-      if (plan.path == Path::kRows) {
-        in.need_rows[static_cast<int>(act_format_for(w.dtype))] = true;
+      // Batched kernels take Q8x32 types' activations in tiles, K-quants' as rows.
+      const ActFormat format = act_format_for(w.dtype);
+      if (plan.path == Path::kRows || format != ActFormat::kQ8x32) {
+        in.need_rows[static_cast<int>(format)] = true;
       } else {
-        DS_CHECK(act_format_for(w.dtype) == ActFormat::kQ8x32);
         in.need_tiles = true;
       }
     }
@@ -282,14 +283,19 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     const int type = static_cast<int>(w.dtype);
     const int64_t w_stride = static_cast<int64_t>(w.row_bytes());
     const uint8_t* wb = w.row(task.r0);
-    const uint8_t* x_tiles = tiles != nullptr ? tiles + in.tiles_at : nullptr;
+    // The batched kernels' activations from token t0 on: tiles, or K-quants' rows.
+    const bool in_tiles = act_format_for(w.dtype) == ActFormat::kQ8x32;
+    auto batched_x = [&](int64_t t0) -> const uint8_t* {
+      if (in_tiles) return tiles + in.tiles_at + q8x32_tiles_bytes(k, t0, tile);
+      return quantised[2] + in.rows_at[2] + t0 * in.row_bytes[2];
+    };
     switch (task.path) {
       case Path::kPacked: {
         const uint8_t* panels =
             plan.packed + task.r0 / kMatmulPackRows * kernels_.packed_layout[type].panel_bytes(k);
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          kernels_.matmul_packed[type](panels, x_tiles + q8x32_tiles_bytes(k, t0, tile), k,
-                                       task.n_rows, std::min(kBatchTokenBlock, n_tokens - t0),
+          kernels_.matmul_packed[type](panels, batched_x(t0), k, task.n_rows,
+                                       std::min(kBatchTokenBlock, n_tokens - t0),
                                        y + t0 * n + task.r0, n);
         }
         break;
@@ -298,8 +304,8 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
         uint8_t* scratch = per_thread_[thread].get(
             static_cast<size_t>(matmul_batched_scratch_bytes(max_k)));
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          kernels_.matmul_batched[type](wb, w_stride, x_tiles + q8x32_tiles_bytes(k, t0, tile), k,
-                                        task.n_rows, std::min(kBatchTokenBlock, n_tokens - t0),
+          kernels_.matmul_batched[type](wb, w_stride, batched_x(t0), k, task.n_rows,
+                                        std::min(kBatchTokenBlock, n_tokens - t0),
                                         y + t0 * n + task.r0, n, scratch);
         }
         break;
