@@ -599,6 +599,153 @@ void add_kquant_kernels(KernelTable& t, DType dtype) {
   t.packed_layout[i].block_bytes = 2 * half_kblock_bytes<P>() / 8;
 }
 
+// ---- Q6_K: packed half panels over Q8x256 activation rows ----
+//
+// Element e = 128h + 32i + l of a super-block (h < 2, i < 4, l < 32) is
+//   u = (nibble i >> 1 of ql[64h + 32(i & 1) + l]) | (bits 2i, 2i + 1 of qh[32h + l]) << 4,
+// the weight d sc_s (u - 32) with s = e / 16 (signed 8-bit scales). The packed half
+// keeps those bits as they are, transposed: 32 ql vectors (h, c < 16: lane r = row r's
+// ql bytes 64h + 4c..), 16 qh vectors (h, c < 8: qh bytes 32h + 4c..), the scales [s][r]
+// and d, exactly the rows' bytes. The kernel assembles u for 4 consecutive elements of
+// each of the 4 i at once from one ql pair and one qh vector; u <= 63, so two
+// vpmaddubsw products fit int16 before one vpmaddwd by the sub-block's scale. The -32
+// is taken once per super-block from the activation row's per-16 sums:
+// -32 sum_s sc_s sum16_s. Then acc = fma(isum, d dx, acc) per row and token.
+constexpr int64_t kHalfQ6Bytes = 1024 + 512 + 128 + 16;
+
+// Rows' signed 8-bit values as int16 pairs: lane r = (v_r, v_r).
+inline __m256i signed_pairs(const uint8_t* v8) {
+  int64_t raw;
+  std::memcpy(&raw, v8, 8);
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(raw));
+  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+template <int NT>
+void half_q6k_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride, float* y,
+                   int64_t y_stride, int n_rows) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i three = _mm256_set1_epi8(0x03);
+  Q8x256Row xr[NT];
+  for (int t = 0; t < NT; ++t) xr[t] = q8x256_row(x + t * x_stride, nb * 256);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* ql = half + b * kHalfQ6Bytes;
+    const uint8_t* qh = ql + 1024;
+    const uint8_t* sc = qh + 512;
+    const uint8_t* dd = sc + 128;
+    __m256i scale[16];
+    for (int sb = 0; sb < 16; ++sb) scale[sb] = signed_pairs(sc + 8 * sb);
+    __m256i isum[NT];
+    for (int t = 0; t < NT; ++t) {
+      // -32 sum_s sc_s sum16_s: pairs (sc_2p, sc_2p+1) against (sum16_2p, sum16_2p+1).
+      const int16_t* bs = xr[t].bsums + 16 * b;
+      __m256i off = _mm256_setzero_si256();
+      for (int p = 0; p < 8; ++p) {
+        const __m256i sc_pair = _mm256_blend_epi16(scale[2 * p], scale[2 * p + 1], 0xAA);
+        int32_t word;
+        std::memcpy(&word, bs + 2 * p, 4);
+        off = _mm256_add_epi32(off, _mm256_madd_epi16(sc_pair, _mm256_set1_epi32(word)));
+      }
+      isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int cp = 0; cp < 4; ++cp) {  // qs columns c = 2cp, 2cp + 1: l = 8cp .. 8cp + 7
+        __m256i u[4][2];
+        for (int j = 0; j < 2; ++j) {
+          const int c = 2 * cp + j;
+          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * (16 * h + c)));
+          const __m256i bq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * (16 * h + 8 + c)));
+          const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * (8 * h + c)));
+          const __m256i nib[4] = {_mm256_and_si256(a, low4), _mm256_and_si256(bq, low4),
+                                  _mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
+                                  _mm256_and_si256(_mm256_srli_epi16(bq, 4), low4)};
+          for (int i = 0; i < 4; ++i) {
+            const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * i), three);
+            u[i][j] = _mm256_or_si256(nib[i], _mm256_slli_epi16(bits, 4));
+          }
+        }
+        for (int t = 0; t < NT; ++t) {
+          const uint8_t* xq = reinterpret_cast<const uint8_t*>(xr[t].qs) + 256 * b + 128 * h + 8 * cp;
+          for (int i = 0; i < 4; ++i) {
+            const __m256i p = _mm256_add_epi16(
+                _mm256_maddubs_epi16(u[i][0], bcast_i32(xq + 32 * i)),
+                _mm256_maddubs_epi16(u[i][1], bcast_i32(xq + 32 * i + 4)));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, scale[8 * h + 2 * i + cp / 2]));
+          }
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dd)));
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(xr[t].d[b])),
+                               acc[t]);
+    }
+  }
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(y + t * y_stride, mask, acc[t]);
+}
+
+template <int NT>
+void half_q6k_any(int nt, const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride,
+                  float* y, int64_t y_stride, int n_rows) {
+  if constexpr (NT >= 1) {
+    if (nt == NT) {
+      half_q6k_tile<NT>(half, nb, x, x_stride, y, y_stride, n_rows);
+    } else {
+      half_q6k_any<NT - 1>(nt, half, nb, x, x_stride, y, y_stride, n_rows);
+    }
+  }
+}
+
+// MatmulPackedFn for Q6_K: `x` is Q8x256 rows.
+void matmul_q6k_packed(const uint8_t* packed, const uint8_t* x, int64_t k, int64_t n_rows,
+                       int64_t n_tokens, float* y, int64_t y_stride) {
+  const int64_t nb = k / 256;
+  const int64_t half_bytes = nb * kHalfQ6Bytes;
+  const int64_t x_stride = act_row_bytes(ActFormat::kQ8x256, k);
+  const int64_t n_halves = (n_rows + kHalfRows - 1) / kHalfRows;
+  for (int64_t h = 0; h < n_halves; ++h) {
+    const int nr = static_cast<int>(n_rows - h * kHalfRows < kHalfRows ? n_rows - h * kHalfRows : kHalfRows);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kKTokens) {
+      const int nt = static_cast<int>(n_tokens - t0 < kKTokens ? n_tokens - t0 : kKTokens);
+      half_q6k_any<kKTokens>(nt, packed + h * half_bytes, nb, x + t0 * x_stride, x_stride,
+                             y + t0 * y_stride + h * kHalfRows, y_stride, nr);
+    }
+  }
+}
+
+// PackWeightFn for Q6_K (layout above).
+void pack_weight_q6k(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t k, uint8_t* out) {
+  const int64_t nb = k / 256;
+  const int64_t half_bytes = nb * kHalfQ6Bytes;
+  const int64_t n_halves = (n_rows + kMatmulPackRows - 1) / kMatmulPackRows * (kMatmulPackRows / kHalfRows);
+  std::memset(out, 0, static_cast<size_t>(n_halves * half_bytes));
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const int r = static_cast<int>(row % kHalfRows);
+    const block_q6_K* blocks = reinterpret_cast<const block_q6_K*>(w + row * w_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = out + row / kHalfRows * half_bytes + b * kHalfQ6Bytes;
+      const block_q6_K& src = blocks[b];
+      for (int c = 0; c < 32; ++c) std::memcpy(blk + 32 * c + 4 * r, src.ql + 4 * c, 4);
+      for (int c = 0; c < 16; ++c) std::memcpy(blk + 1024 + 32 * c + 4 * r, src.qh + 4 * c, 4);
+      for (int sb = 0; sb < 16; ++sb) blk[1536 + 8 * sb + r] = static_cast<uint8_t>(src.scales[sb]);
+      std::memcpy(blk + 1664 + 2 * r, &src.d, 2);
+    }
+  }
+}
+
+void matmul_q6k_batched(const uint8_t* w, size_t w_stride, const uint8_t* x, int64_t k,
+                        int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride,
+                        uint8_t* scratch) {
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kMatmulPackRows) {
+    const int64_t nr = n_rows - r0 < kMatmulPackRows ? n_rows - r0 : kMatmulPackRows;
+    pack_weight_q6k(w + r0 * w_stride, w_stride, nr, k, scratch);
+    matmul_q6k_packed(scratch, x, k, nr, n_tokens, y + r0, y_stride);
+  }
+}
+
 // Installs the batched kernels into the AVX2 table. They serve every token count: a
 // single token streams the packed halves without the per-row kernels' gathers and
 // horizontal sums, and the results are the per-row kernels' anyway.
@@ -608,6 +755,11 @@ inline void add_avx2_batched(KernelTable& t) {
   add_half_kernels<HalfQ4_1>(t, DType::kQ4_1);
   add_kquant_kernels<HalfQ4_K>(t, DType::kQ4_K);
   add_kquant_kernels<HalfQ5_K>(t, DType::kQ5_K);
+  const int q6 = static_cast<int>(DType::kQ6_K);
+  t.matmul_batched[q6] = matmul_q6k_batched;
+  t.pack_weight[q6] = pack_weight_q6k;
+  t.matmul_packed[q6] = matmul_q6k_packed;
+  t.packed_layout[q6].block_bytes = 2 * kHalfQ6Bytes / 8;
   t.matmul_batched_min_tokens = 1;
   t.matmul_batched_tile = kGemmTokens;
 }
