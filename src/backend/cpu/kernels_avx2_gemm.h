@@ -442,7 +442,6 @@ template <typename P, int NT>
 void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride,
                       float* y, int64_t y_stride, int n_rows) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   Q8x256Row xr[NT];
   for (int t = 0; t < NT; ++t) xr[t] = q8x256_row(x + t * x_stride, nb * 256);
   __m256 acc[NT];
@@ -500,15 +499,13 @@ void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t
     for (int t = 0; t < NT; ++t) {
       // Per-32 activation sums as int16 pairs (s_2p, s_2p+1): the per-16 sums added
       // in pairs (at most 32 x 127, so int16 holds them).
-      const __m256i bs16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[t].bsums + 16 * b));
-      const __m256i s32 = _mm256_madd_epi16(bs16, ones);  // [s_0..s_7] as int32
-      const __m256i s16 = _mm256_packs_epi32(s32, s32);    // per 128 bits: s_0..3 | s_4..7
+      const int16_t* bs = xr[t].bsums + 16 * b;
       __m256i msum = _mm256_setzero_si256();
       for (int p = 0; p < 4; ++p) {
-        // (s_2p, s_2p+1) sit in 32-bit word p of the low half (p < 2) or p - 2 of the high.
-        const __m128i part = p < 2 ? _mm256_castsi256_si128(s16) : _mm256_extracti128_si256(s16, 1);
-        const int32_t word = _mm_cvtsi128_si32(_mm_srli_si128(part, 4 * (p % 2)));
-        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[8 + p], _mm256_set1_epi32(word)));
+        const uint32_t lo = static_cast<uint16_t>(bs[4 * p] + bs[4 * p + 1]);
+        const uint32_t hi = static_cast<uint16_t>(bs[4 * p + 2] + bs[4 * p + 3]);
+        const __m256i pair = _mm256_set1_epi32(static_cast<int32_t>(lo | hi << 16));
+        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[8 + p], pair));
       }
       const __m256 dx = _mm256_set1_ps(xr[t].d[b]);
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dx), acc[t]);
