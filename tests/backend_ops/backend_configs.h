@@ -23,7 +23,9 @@ struct BackendConfig {
 };
 
 inline std::string config_name(const testing::TestParamInfo<BackendConfig>& info) {
-  return std::string(cpu::isa_name(info.param.isa)) + "_t" + std::to_string(info.param.n_threads);
+  std::string name(cpu::isa_name(info.param.isa));  // gtest names allow no '-'
+  for (char& c : name) c = c == '-' ? '_' : c;
+  return name + "_t" + std::to_string(info.param.n_threads);
 }
 
 inline std::vector<BackendConfig> all_configs() {
