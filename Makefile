@@ -121,8 +121,13 @@ run: setup build
 serve: setup build
 	$(BUILD)/dserve serve $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) --served-model-name $(SERVED_NAME)
 
-test: setup build build-asan build-tsan
-	$(MAKE) test-cpp test-asan test-tsan test-py
+# On x86 the aarch64 build and its tests under qemu are part of `make test`.
+ifeq ($(HOST_ARCH),x86_64)
+ARM64_TEST_BUILD := build-arm64
+endif
+
+test: setup build build-asan build-tsan $(ARM64_TEST_BUILD)
+	$(MAKE) test-cpp test-asan test-tsan test-arm64 test-py
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -134,8 +139,25 @@ test-asan:
 test-tsan:
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L tsan -j $(JOBS)
 
+# The aarch64 C++ tests under qemu (tools/qemu_arm64.sh): every test as a Kunpeng-class
+# core (neoverse-n1: dotprod, no SVE/i8mm/BF16), the backend-op tests again as an
+# ARMv8.0 core (cortex-a72: no dotprod). Emulation costs ~10-15x, so the backend-op
+# tests run only the ARM levels, at 1 and 3 threads (3: uneven splits).
+test-arm64:
+ifeq ($(HOST_ARCH),x86_64)
+	cd $(ARM64_BUILD) && DSERVE_QEMU_CPU=neoverse-n1 DSERVE_EXPECT_BEST_ISA=neon-dotprod \
+	  DSERVE_TEST_ISAS=neon,neon-dotprod DSERVE_TEST_THREADS=1,3 \
+	  ctest --output-on-failure -j $(JOBS)
+	cd $(ARM64_BUILD) && DSERVE_QEMU_CPU=cortex-a72 DSERVE_EXPECT_BEST_ISA=neon \
+	  DSERVE_TEST_ISAS=neon DSERVE_TEST_THREADS=3 \
+	  ctest --output-on-failure -j $(JOBS) -R '^(backend_ops_test|paged_attention_test)$$'
+else
+	@echo "test-arm64: this host is $(HOST_ARCH); the native build's tests are the ARM ones"
+endif
+
 test-py:
 	DSERVE_BUILD_DIR=$(CURDIR)/$(BUILD) DSERVE_MODEL=$(DEFAULT_MODEL) \
+	DSERVE_ARM64_BUILD_DIR=$(CURDIR)/$(ARM64_BUILD) \
 	  $(PY) -m pytest -q tests/reference
 
 bench: setup build
@@ -143,4 +165,4 @@ bench: setup build
 	tools/bench_throughput.sh $(BUILD)/dserve $(DEFAULT_MODEL)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM64_BUILD)
