@@ -71,8 +71,9 @@ def _worst(a, b):
 def test_isa_level_is_detected_and_logged(core, level, arm64_bin):
     model_dir = llama.tiny_checkpoint()
     r = qemu_run(core, [arm64_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
-                        "--max-tokens", 1, "--log-level", "info"])
-    assert f"cpu-{level}" in r.stderr, r.stderr[-2000:]
+                        "--max-tokens", 1, "--print-ids", "--log-level", "info"])
+    assert f"CPU kernels: cpu-{level} (this machine has: scalar, neon" in r.stderr, \
+        r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("core,level", CORES, ids=[c for c, _ in CORES])
@@ -117,7 +118,8 @@ def test_isa_the_core_lacks_is_refused(arm64_bin):
     model_dir = llama.tiny_checkpoint()
     for isa in ("neon-dotprod", "avx512"):
         r = qemu_run("cortex-a72", [arm64_bin, "generate", "--model", model_dir,
-                                    "--prompt-ids", "1,2,3", "--max-tokens", 1, "--isa", isa],
+                                    "--prompt-ids", "1,2,3", "--max-tokens", 1, "--print-ids",
+                                    "--isa", isa],
                      check=False)
         assert r.returncode not in (0, -4, 132), r  # refused, never SIGILL
         assert f"--isa {isa}: not supported by this CPU; this machine has: scalar, neon" \
