@@ -15,6 +15,7 @@ JOBS ?= $(shell nproc)
 BUILD := build
 ASAN_BUILD := build-asan
 TSAN_BUILD := build-tsan
+ARM64_BUILD := build-arm64
 DEFAULT_MODEL := $(DSERVE_CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 0.0.0.0
 PORT ?= 8000
@@ -25,7 +26,8 @@ APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev 
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
 	libcpp-httplib-dev libcurl4-openssl-dev
 
-.PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench clean
+.PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench clean \
+	deps-arm64 build-arm64 test-arm64
 
 all: build
 
@@ -75,6 +77,43 @@ build-tsan: deps
 	  -DDSERVE_SANITIZE=thread -DDSERVE_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan_tests
 
+# aarch64 (Kunpeng 920, Graviton, Ampere) cross-build from x86: Debian's cross compiler,
+# qemu-user to run the result, and Debian's arm64 libraries through multiarch. One
+# package, libonig-dev, cannot be co-installed with its amd64 twin; its arm64 .deb is
+# unpacked into the cache instead (only its pkg-config file and .so link differ).
+ARM64_TOOL_PACKAGES := g++-aarch64-linux-gnu qemu-user
+ARM64_LIB_PACKAGES := libspdlog-dev:arm64 libfmt-dev:arm64 libonig5:arm64 libicu-dev:arm64 \
+	libgtest-dev:arm64 libgmock-dev:arm64 libcpp-httplib-dev:arm64 libcurl4-openssl-dev:arm64
+ARM64_ONIG := $(DSERVE_CACHE)/arm64/libonig-dev
+HOST_ARCH := $(shell uname -m)
+
+deps-arm64: deps
+	@dpkg --print-foreign-architectures | grep -qx arm64 || \
+	  { dpkg --add-architecture arm64 && apt-get update -qq; }
+	@missing=$$(for p in $(ARM64_TOOL_PACKAGES) $(ARM64_LIB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@if [ ! -f $(ARM64_ONIG)/usr/lib/aarch64-linux-gnu/pkgconfig/oniguruma.pc ]; then \
+	  set -e; rm -rf $(ARM64_ONIG); mkdir -p $(ARM64_ONIG)/deb; \
+	  (cd $(ARM64_ONIG)/deb && apt-get download -qq libonig-dev:arm64 2>/dev/null); \
+	  dpkg-deb -x $(ARM64_ONIG)/deb/libonig-dev_*_arm64.deb $(ARM64_ONIG); \
+	  lib=$$(readlink $(ARM64_ONIG)/usr/lib/aarch64-linux-gnu/libonig.so); \
+	  ln -sf /usr/lib/aarch64-linux-gnu/$$lib $(ARM64_ONIG)/usr/lib/aarch64-linux-gnu/libonig.so; \
+	  sed -i -e 's|^libdir=.*|libdir=$(ARM64_ONIG)/usr/lib/aarch64-linux-gnu|' \
+	    -e 's|^includedir=.*|includedir=$(ARM64_ONIG)/usr/include|' \
+	    $(ARM64_ONIG)/usr/lib/aarch64-linux-gnu/pkgconfig/oniguruma.pc; \
+	fi
+
+# dserve and the C++ tests for aarch64 (no micro-benchmarks); ctest in $(ARM64_BUILD)
+# runs them under qemu (tools/qemu_arm64.sh).
+build-arm64: deps-arm64
+	PKG_CONFIG_PATH=$(ARM64_ONIG)/usr/lib/aarch64-linux-gnu/pkgconfig \
+	  cmake -S . -B $(ARM64_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DDSERVE_BUILD_BENCH=OFF >/dev/null
+	cmake --build $(ARM64_BUILD) -j $(JOBS)
+
 run: setup build
 	$(BUILD)/dserve generate --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-tokens 64
 
@@ -82,8 +121,13 @@ run: setup build
 serve: setup build
 	$(BUILD)/dserve serve $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) --served-model-name $(SERVED_NAME)
 
-test: setup build build-asan build-tsan
-	$(MAKE) test-cpp test-asan test-tsan test-py
+# On x86 the aarch64 build and its tests under qemu are part of `make test`.
+ifeq ($(HOST_ARCH),x86_64)
+ARM64_TEST_BUILD := build-arm64
+endif
+
+test: setup build build-asan build-tsan $(ARM64_TEST_BUILD)
+	$(MAKE) test-cpp test-asan test-tsan test-arm64 test-py
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -95,8 +139,28 @@ test-asan:
 test-tsan:
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L tsan -j $(JOBS)
 
+# The aarch64 C++ tests under qemu (tools/qemu_arm64.sh): every test as a Kunpeng-class
+# core (neoverse-n1: dotprod, no SVE/i8mm/BF16), the backend-op tests again as an
+# ARMv8.0 core (cortex-a72: no dotprod). Emulation costs ~10-15x, so the backend-op
+# tests run only the ARM levels, at 3 threads (uneven splits; the thread-count
+# logic is ISA-independent and runs at 1, 2 and 3 threads in the native tests). Death
+# tests are left out there: gtest re-executes the test binary, which qemu-user without
+# binfmt_misc cannot do (they run natively).
+test-arm64:
+ifeq ($(HOST_ARCH),x86_64)
+	cd $(ARM64_BUILD) && DSERVE_QEMU_CPU=neoverse-n1 DSERVE_EXPECT_BEST_ISA=neon-dotprod \
+	  DSERVE_TEST_ISAS=neon,neon-dotprod DSERVE_TEST_THREADS=3 GTEST_FILTER='-*DeathTest.*' \
+	  ctest --output-on-failure -j $(JOBS)
+	cd $(ARM64_BUILD) && DSERVE_QEMU_CPU=cortex-a72 DSERVE_EXPECT_BEST_ISA=neon \
+	  DSERVE_TEST_ISAS=neon DSERVE_TEST_THREADS=3 \
+	  ctest --output-on-failure -j $(JOBS) -R '^(backend_ops_test|paged_attention_test)$$'
+else
+	@echo "test-arm64: this host is $(HOST_ARCH); the native build's tests are the ARM ones"
+endif
+
 test-py:
 	DSERVE_BUILD_DIR=$(CURDIR)/$(BUILD) DSERVE_MODEL=$(DEFAULT_MODEL) \
+	DSERVE_ARM64_BUILD_DIR=$(CURDIR)/$(ARM64_BUILD) \
 	  $(PY) -m pytest -q tests/reference
 
 bench: setup build
@@ -104,4 +168,4 @@ bench: setup build
 	tools/bench_throughput.sh $(BUILD)/dserve $(DEFAULT_MODEL)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM64_BUILD)

@@ -15,7 +15,8 @@ WEIGHT_BYTES=$($PY -c "import gguf,sys; r=gguf.GGUFReader(sys.argv[1]); print(su
 # A fixed 512-token prompt: ids 1000..1511 (content does not change speed).
 IDS=$(seq -s, 1000 1511)
 
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+# (lscpu names ARM cores too, whose /proc/cpuinfo has no "model name" line.)
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
 echo "model: $(basename "$MODEL"), weights read per token: $WEIGHT_BYTES bytes"
 printf "%-8s %-16s %-16s %-12s\n" threads "prompt tok/s" "decode tok/s" "decode GB/s"
 for t in $THREADS; do

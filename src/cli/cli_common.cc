@@ -53,12 +53,7 @@ Result<std::unique_ptr<ModelFiles>> open_model_files(const CommonOptions& option
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const CommonOptions& options) {
-  if (!options.isa.empty()) {
-    std::optional<cpu::CpuIsa> isa = cpu::parse_isa(options.isa);
-    if (!isa || !cpu::isa_supported(*isa)) {
-      return invalid_argument("--isa " + options.isa + ": not supported by this CPU or build");
-    }
-  }
+  if (!options.isa.empty()) DS_RETURN_IF_ERROR(cpu::check_isa(options.isa));
   CpuBackendOptions cpu;
   cpu.n_threads = options.n_threads;
   cpu.pin_threads = options.pin_threads;

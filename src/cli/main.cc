@@ -29,7 +29,7 @@ void add_common_options(CLI::App* cmd, CommonOptions* o) {
       ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->isa,
                   "force the CPU kernels' instruction set (default: best available)")
-      ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon", "neon-dotprod"}));
 }
 
 int run(int argc, char** argv) {

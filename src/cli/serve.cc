@@ -81,7 +81,7 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   cmd->add_option("--log-level", o->common.log_level, "debug, info, warning or error")
       ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
-      ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon", "neon-dotprod"}));
   o->common.log_level = "info";
   return cmd;
 }

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_isa.h"
 #include "base/log.h"
 #include "engine/llm_engine.h"
 #include "engine/output_text.h"
@@ -66,6 +67,7 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   }
   if (o.max_model_len < 0) return invalid_argument("max_model_len must not be negative");
   const int64_t context = o.max_model_len > 0 ? o.max_model_len : info.max_position_embeddings;
+  if (!o.isa.empty()) DS_RETURN_IF_ERROR(cpu::check_isa(o.isa));
   CpuBackendOptions cpu;
   cpu.n_threads = o.n_threads;
   cpu.isa = o.isa;

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -659,6 +660,31 @@ TEST(CpuIsaTest, ParseAndDetect) {
   EXPECT_EQ(cpu::parse_isa("neon-nope"), std::nullopt);
   EXPECT_TRUE(cpu::isa_supported(CpuIsa::kScalar));
   EXPECT_TRUE(cpu::isa_supported(cpu::best_isa()));
+  EXPECT_EQ(cpu::parse_isa("neon-dotprod"), CpuIsa::kNeonDotprod);
+  EXPECT_EQ(cpu::isa_name(CpuIsa::kNeonDotprod), "neon-dotprod");
+}
+
+// `make test-arm64` runs this under qemu as a Kunpeng-class core (neon-dotprod) and as
+// an ARMv8.0 core (neon), and says which level the emulated core must come out as.
+TEST(CpuIsaTest, DetectsTheLevelTheCoreHas) {
+  const char* expected = std::getenv("DSERVE_EXPECT_BEST_ISA");
+  if (expected == nullptr) GTEST_SKIP() << "DSERVE_EXPECT_BEST_ISA not set";
+  EXPECT_EQ(cpu::isa_name(cpu::best_isa()), expected);
+}
+
+// --isa with a level this machine lacks is refused, naming the ones it has.
+TEST(CpuIsaTest, RefusesALevelThisMachineLacks) {
+  EXPECT_TRUE(cpu::check_isa("scalar").ok());
+  EXPECT_TRUE(cpu::check_isa(cpu::isa_name(cpu::best_isa())).ok());
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kNeon, CpuIsa::kNeonDotprod}) {
+    if (cpu::isa_supported(isa)) continue;
+    const Status s = cpu::check_isa(cpu::isa_name(isa));
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(cpu::supported_isas_text()), std::string::npos) << s.message();
+  }
+  const Status bad = cpu::check_isa("sve2");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("unknown"), std::string::npos) << bad.message();
 }
 
 }  // namespace

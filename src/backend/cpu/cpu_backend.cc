@@ -24,7 +24,10 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
                   cpu::isa_name(isa));
     }
   }
-  return std::make_unique<cpu::CpuBackend>(isa, options.n_threads, options.pin_threads);
+  auto backend = std::make_unique<cpu::CpuBackend>(isa, options.n_threads, options.pin_threads);
+  DS_LOG_INFO("CPU kernels: {} (this machine has: {})", backend->name(),
+              cpu::supported_isas_text());
+  return backend;
 }
 
 namespace cpu {

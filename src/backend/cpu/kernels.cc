@@ -73,6 +73,18 @@ const KernelTable& kernels_for(CpuIsa isa) {
 #else
       break;
 #endif
+    case CpuIsa::kNeon:
+#if defined(DSERVE_CPU_ARM)
+      return kernels_neon();
+#else
+      break;
+#endif
+    case CpuIsa::kNeonDotprod:
+#if defined(DSERVE_CPU_ARM)
+      return kernels_neon_dotprod();
+#else
+      break;
+#endif
   }
   return kernels_scalar();
 }

@@ -210,6 +210,10 @@ const KernelTable& kernels_scalar();
 const KernelTable& kernels_avx2();
 const KernelTable& kernels_avx512();
 #endif
+#if defined(DSERVE_CPU_ARM)
+const KernelTable& kernels_neon();
+const KernelTable& kernels_neon_dotprod();
+#endif
 
 // The table for `isa`, which must be supported.
 const KernelTable& kernels_for(CpuIsa isa);

@@ -1,0 +1,557 @@
+// aarch64 NEON kernels shared by the neon and neon-dotprod levels. This header is
+// included only by kernels_neon.cc (-march=armv8-a) and kernels_neon_dotprod.cc
+// (-march=armv8.2-a+dotprod); everything here sits in an anonymous namespace so the two
+// instantiations never merge at link time (a merged dotprod copy would raise SIGILL on
+// an ARMv8.0 core such as the Cortex-A72). For the same reason it converts halves
+// with NEON instructions rather than calling tensor/half.h's inline functions.
+//
+// The two levels differ in one primitive, dot_s8: SDOT with dotprod, widening
+// multiplies and pairwise adds without. Integer block sums are exact either way, so
+// both levels give the same bits; they differ from the scalar level only in the order
+// of float additions.
+//
+// Every kernel computes each (weight row, token) or (query) result with the same
+// operations whatever the number of tokens or queries in the call, so a request's
+// output does not depend on its batch (the engine's batch invariance).
+#pragma once
+
+#if !defined(__aarch64__) || !defined(__ARM_NEON)
+#error "kernels_arm_impl.h is for aarch64 NEON"
+#endif
+
+#include <arm_neon.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "backend/cpu/kernels.h"
+#include "tensor/quant_blocks.h"
+
+namespace dserve::cpu {
+namespace {
+
+// ---- primitives ----
+
+// acc + sums of s8(a) * s8(b) (the lanes' split of the sum differs between the two
+// forms; callers use only whole-vector sums, which are exact).
+inline int32x4_t dot_s8(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(acc, a, b);
+#else
+  acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+  return vpadalq_s16(acc, vmull_high_s8(a, b));
+#endif
+}
+
+// The sum over 32 values: a (32 bytes) . b (32 bytes).
+inline int dot32(int8x16_t a0, int8x16_t a1, const int8_t* b) {
+  const int32x4_t acc = dot_s8(dot_s8(vdupq_n_s32(0), a0, vld1q_s8(b)), a1, vld1q_s8(b + 16));
+  return vaddvq_s32(acc);
+}
+
+inline float32x4_t f16x4_to_f32(const uint16_t* p) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+inline float f16_to_f32_neon(uint16_t h) {
+  return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+inline float bf16_to_f32_neon(uint16_t h) {
+  const uint32_t bits = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+// a * b + c rounded once, spelled out where the float and half instantiations of a
+// kernel must round alike (left to contraction, the compiler might fuse one and not
+// the other).
+inline float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+// ---- activation quantisation (bit-identical to kernels_scalar.cc) ----
+
+// Quantises 4 * n_vec floats (n_vec a multiple of 4) with one scale; returns the scale
+// and the int32 sum. vmaxnm ignores NaN as std::fmax does; vcvtn rounds to nearest
+// even as std::nearbyint does in the default rounding mode.
+inline float quantize_span(const float* x, int n_vec, int8_t* q, int* sum_out) {
+  float32x4_t amax_v = vdupq_n_f32(0.0f);
+  for (int i = 0; i < n_vec; ++i) amax_v = vmaxnmq_f32(amax_v, vabsq_f32(vld1q_f32(x + 4 * i)));
+  const float amax = vmaxnmvq_f32(amax_v);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float32x4_t idv = vdupq_n_f32(id);
+  int32x4_t sum = vdupq_n_s32(0);
+  for (int i = 0; i < n_vec; i += 4) {  // 16 values -> 16 bytes
+    int32x4_t v[4];
+    for (int j = 0; j < 4; ++j) {
+      v[j] = vcvtnq_s32_f32(vmulq_f32(vld1q_f32(x + 4 * (i + j)), idv));
+      sum = vaddq_s32(sum, v[j]);
+    }
+    const int16x8_t lo = vcombine_s16(vqmovn_s32(v[0]), vqmovn_s32(v[1]));
+    const int16x8_t hi = vcombine_s16(vqmovn_s32(v[2]), vqmovn_s32(v[3]));
+    vst1q_s8(q + 4 * i, vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi)));
+  }
+  *sum_out = vaddvq_s32(sum);
+  return d;
+}
+
+void quantize_q8x32_neon(const float* x, int64_t k, uint8_t* out) {
+  int8_t* qs = reinterpret_cast<int8_t*>(out);
+  float* d = reinterpret_cast<float*>(out + round_up(k, kActAlign));
+  float* s = d + k / 32;
+  for (int64_t b = 0; b < k / 32; ++b) {
+    int sum = 0;
+    d[b] = quantize_span(x + 32 * b, 8, qs + 32 * b, &sum);
+    s[b] = d[b] * static_cast<float>(sum);
+  }
+}
+
+void quantize_q8x32_tiles_neon(const float* x, int64_t k, int64_t t, int64_t tile,
+                               uint8_t* tiles) {
+  const int64_t block_bytes = q8x32_tile_block_bytes(tile);
+  uint8_t* base = tiles + t / tile * (k / 32) * block_bytes + 4 * (t % tile);
+  alignas(16) int8_t qs[32];
+  for (int64_t b = 0; b < k / 32; ++b) {
+    int sum = 0;
+    const float d = quantize_span(x + 32 * b, 8, qs, &sum);
+    store_q8x32_tile_slot(base + b * block_bytes, tile, qs, d, d * static_cast<float>(sum), sum);
+  }
+}
+
+void quantize_q8x256_neon(const float* x, int64_t k, uint8_t* out) {
+  int8_t* qs = reinterpret_cast<int8_t*>(out);
+  float* d = reinterpret_cast<float*>(out + round_up(k, kActAlign));
+  int16_t* bsums = reinterpret_cast<int16_t*>(d + k / 256);
+  for (int64_t b = 0; b < k / 256; ++b) {
+    int sum = 0;
+    d[b] = quantize_span(x + 256 * b, 64, qs + 256 * b, &sum);
+  }
+  for (int64_t g = 0; g < k / 16; ++g) bsums[g] = vaddlvq_s8(vld1q_s8(qs + 16 * g));
+}
+
+// ---- Q8_0 / Q4_0 / Q4_1 x Q8x32 ----
+
+// Weight-block traits: unpack() gives the block's 32 weights as two vectors of int8 in
+// element order.
+struct Q8_0Traits {
+  using Block = block_q8_0;
+  static constexpr bool kMin = false;
+  static void unpack(const Block& b, int8x16_t* lo, int8x16_t* hi) {
+    *lo = vld1q_s8(b.qs);
+    *hi = vld1q_s8(b.qs + 16);
+  }
+};
+
+struct Q4_0Traits {
+  using Block = block_q4_0;
+  static constexpr bool kMin = false;
+  static void unpack(const Block& b, int8x16_t* lo, int8x16_t* hi) {
+    const uint8x16_t v = vld1q_u8(b.qs);
+    *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))), vdupq_n_s8(8));
+    *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8(8));
+  }
+};
+
+struct Q4_1Traits {
+  using Block = block_q4_1;
+  static constexpr bool kMin = true;
+  static void unpack(const Block& b, int8x16_t* lo, int8x16_t* hi) {
+    const uint8x16_t v = vld1q_u8(b.qs);
+    *lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+    *hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+  }
+};
+
+// One weight row . one activation row. Blocks go four at a time: their four integer
+// sums form one vector, so the scale products and the accumulation are vector work.
+template <typename Traits>
+float dot_q32_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
+  using Block = typename Traits::Block;
+  const Block* blocks = reinterpret_cast<const Block*>(w);
+  const Q8x32Row x = q8x32_row(xb, k);
+  const int64_t nb = k / 32;
+  float32x4_t acc = vdupq_n_f32(0.0f);
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    int32x4_t sums[4];
+    uint16_t dh[4], mh[4];
+    for (int j = 0; j < 4; ++j) {
+      const Block& blk = blocks[b + j];
+      int8x16_t lo, hi;
+      Traits::unpack(blk, &lo, &hi);
+      const int8_t* a = x.qs + 32 * (b + j);
+      sums[j] = dot_s8(dot_s8(vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16));
+      dh[j] = blk.d;
+      if constexpr (Traits::kMin) mh[j] = blk.m;
+    }
+    const int32x4_t s = vpaddq_s32(vpaddq_s32(sums[0], sums[1]), vpaddq_s32(sums[2], sums[3]));
+    const float32x4_t scale = vmulq_f32(f16x4_to_f32(dh), vld1q_f32(x.d + b));
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(s), scale);
+    if constexpr (Traits::kMin) acc = vfmaq_f32(acc, f16x4_to_f32(mh), vld1q_f32(x.s + b));
+  }
+  float r = vaddvq_f32(acc);
+  for (; b < nb; ++b) {
+    const Block& blk = blocks[b];
+    int8x16_t lo, hi;
+    Traits::unpack(blk, &lo, &hi);
+    const int sum = dot32(lo, hi, x.qs + 32 * b);
+    r = fma1(static_cast<float>(sum), f16_to_f32_neon(blk.d) * x.d[b], r);
+    if constexpr (Traits::kMin) r = fma1(f16_to_f32_neon(blk.m), x.s[b], r);
+  }
+  return r;
+}
+
+// ---- Q4_K / Q5_K / Q6_K x Q8x256 ----
+//
+// Integer sums per sub-block as in kernels_scalar.cc (exact), then the same float
+// expression per 256-block.
+
+template <bool kFifthBit>
+float dot_q45k_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
+  using Block = std::conditional_t<kFifthBit, block_q5_K, block_q4_K>;
+  const Block* blocks = reinterpret_cast<const Block*>(w);
+  const Q8x256Row a = q8x256_row(xb, k);
+  const uint8x16_t low4 = vdupq_n_u8(0x0F);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < k / 256; ++b) {
+    const Block& blk = blocks[b];
+    const int8_t* q8 = a.qs + b * 256;
+    const int16_t* bs = a.bsums + b * 16;
+    uint8x16_t qh0 = vdupq_n_u8(0), qh1 = vdupq_n_u8(0);
+    if constexpr (kFifthBit) {
+      qh0 = vld1q_u8(blk.qh);
+      qh1 = vld1q_u8(blk.qh + 16);
+    }
+    int isum = 0, msum = 0;
+    for (int g = 0; g < 4; ++g) {
+      uint8_t sc_lo, mn_lo, sc_hi, mn_hi;
+      q_k_scale_min(2 * g, blk.scales, &sc_lo, &mn_lo);
+      q_k_scale_min(2 * g + 1, blk.scales, &sc_hi, &mn_hi);
+      const uint8x16_t v0 = vld1q_u8(blk.qs + 32 * g), v1 = vld1q_u8(blk.qs + 32 * g + 16);
+      uint8x16_t lo0 = vandq_u8(v0, low4), lo1 = vandq_u8(v1, low4);
+      uint8x16_t hi0 = vshrq_n_u8(v0, 4), hi1 = vshrq_n_u8(v1, 4);
+      if constexpr (kFifthBit) {
+        // vtst gives 0xFF where the bit is set; keep 0x10 of it.
+        const uint8x16_t sixteen = vdupq_n_u8(0x10);
+        const uint8x16_t bit_lo = vdupq_n_u8(static_cast<uint8_t>(1 << (2 * g)));
+        const uint8x16_t bit_hi = vdupq_n_u8(static_cast<uint8_t>(1 << (2 * g + 1)));
+        lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(qh0, bit_lo), sixteen));
+        lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(qh1, bit_lo), sixteen));
+        hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(qh0, bit_hi), sixteen));
+        hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(qh1, bit_hi), sixteen));
+      }
+      const int sum_lo =
+          dot32(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), q8 + 64 * g);
+      const int sum_hi =
+          dot32(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), q8 + 64 * g + 32);
+      isum += sc_lo * sum_lo + sc_hi * sum_hi;
+      msum += mn_lo * (bs[4 * g] + bs[4 * g + 1]) + mn_hi * (bs[4 * g + 2] + bs[4 * g + 3]);
+    }
+    acc += a.d[b] * (f16_to_f32_neon(blk.d) * static_cast<float>(isum) -
+                     f16_to_f32_neon(blk.dmin) * static_cast<float>(msum));
+  }
+  return acc;
+}
+
+// The sum over 16 values of a Q6_K weight vector (values 0..63, offset by -32 here)
+// and 16 activations.
+inline int dot16_q6(uint8x16_t q, const int8_t* a) {
+  const int8x16_t w = vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(32));
+  return vaddvq_s32(dot_s8(vdupq_n_s32(0), w, vld1q_s8(a)));
+}
+
+float dot_q6k_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
+  const auto* blocks = reinterpret_cast<const block_q6_K*>(w);
+  const Q8x256Row a = q8x256_row(xb, k);
+  const uint8x16_t low4 = vdupq_n_u8(0x0F), low2 = vdupq_n_u8(0x03);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < k / 256; ++b) {
+    const block_q6_K& blk = blocks[b];
+    const int8_t* q8 = a.qs + b * 256;
+    int isum = 0;
+    for (int h = 0; h < 2; ++h) {  // two halves of 128 elements
+      const uint8_t* ql = blk.ql + 64 * h;
+      const uint8_t* qh = blk.qh + 32 * h;
+      const int8_t* sc = blk.scales + 8 * h;
+      const int8_t* a8 = q8 + 128 * h;
+      for (int c = 0; c < 2; ++c) {  // elements 16c .. 16c + 15 of each quarter
+        const uint8x16_t la = vld1q_u8(ql + 16 * c), lb = vld1q_u8(ql + 32 + 16 * c);
+        const uint8x16_t hb = vld1q_u8(qh + 16 * c);
+        const uint8x16_t q1 = vorrq_u8(vandq_u8(la, low4), vshlq_n_u8(vandq_u8(hb, low2), 4));
+        const uint8x16_t q2 =
+            vorrq_u8(vandq_u8(lb, low4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), low2), 4));
+        const uint8x16_t q3 =
+            vorrq_u8(vshrq_n_u8(la, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), low2), 4));
+        const uint8x16_t q4 = vorrq_u8(vshrq_n_u8(lb, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4));
+        isum += sc[c + 0] * dot16_q6(q1, a8 + 16 * c);
+        isum += sc[c + 2] * dot16_q6(q2, a8 + 32 + 16 * c);
+        isum += sc[c + 4] * dot16_q6(q3, a8 + 64 + 16 * c);
+        isum += sc[c + 6] * dot16_q6(q4, a8 + 96 + 16 * c);
+      }
+    }
+    acc += a.d[b] * f16_to_f32_neon(blk.d) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+// ---- F32 / F16 / BF16 x F32 ----
+
+template <DType T>
+inline float32x4_t load_w4(const uint8_t* w, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    return vld1q_f32(reinterpret_cast<const float*>(w) + i);
+  } else if constexpr (T == DType::kF16) {
+    return f16x4_to_f32(reinterpret_cast<const uint16_t*>(w) + i);
+  } else {
+    const uint16x4_t h = vld1_u16(reinterpret_cast<const uint16_t*>(w) + i);
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+  }
+}
+
+template <DType T>
+inline float load_w1(const uint8_t* w, int64_t i) {
+  uint16_t h;
+  if constexpr (T == DType::kF32) {
+    float f;
+    std::memcpy(&f, w + 4 * i, 4);
+    return f;
+  } else if constexpr (T == DType::kF16) {
+    std::memcpy(&h, w + 2 * i, 2);
+    return f16_to_f32_neon(h);
+  } else {
+    std::memcpy(&h, w + 2 * i, 2);
+    return bf16_to_f32_neon(h);
+  }
+}
+
+// Four FMA chains 16 values apart, summed in a fixed tree, then the tail in order.
+template <DType T>
+float dot_float_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
+  const float* x = reinterpret_cast<const float*>(xb);
+  float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    a0 = vfmaq_f32(a0, load_w4<T>(w, i), vld1q_f32(x + i));
+    a1 = vfmaq_f32(a1, load_w4<T>(w, i + 4), vld1q_f32(x + i + 4));
+    a2 = vfmaq_f32(a2, load_w4<T>(w, i + 8), vld1q_f32(x + i + 8));
+    a3 = vfmaq_f32(a3, load_w4<T>(w, i + 12), vld1q_f32(x + i + 12));
+  }
+  for (; i + 4 <= k; i += 4) a0 = vfmaq_f32(a0, load_w4<T>(w, i), vld1q_f32(x + i));
+  float s = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
+  for (; i < k; ++i) s = fma1(load_w1<T>(w, i), x[i], s);
+  return s;
+}
+
+// ---- the per-row matmul: every (row, token) result is one call of Dot ----
+
+template <float (*Dot)(const uint8_t*, const uint8_t*, int64_t)>
+void matmul_rows(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride, int64_t k,
+                 int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* wr = w + r * w_stride;
+    for (int64_t t = 0; t < n_tokens; ++t) y[t * y_stride + r] = Dot(wr, x + t * x_stride, k);
+  }
+}
+
+// ---- element-wise ----
+
+float dot_f32_neon(const float* a, const float* b, int64_t n) {
+  return dot_float_row<DType::kF32>(reinterpret_cast<const uint8_t*>(a),
+                                    reinterpret_cast<const uint8_t*>(b), n);
+}
+
+void axpy_f32_neon(float alpha, const float* x, float* y, int64_t n) {
+  const float32x4_t av = vdupq_n_f32(alpha);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), av, vld1q_f32(x + i)));
+  for (; i < n; ++i) y[i] = fma1(alpha, x[i], y[i]);
+}
+
+void scale_f32_neon(float alpha, float* y, int64_t n) {
+  const float32x4_t av = vdupq_n_f32(alpha);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vmulq_f32(av, vld1q_f32(y + i)));
+  for (; i < n; ++i) y[i] *= alpha;
+}
+
+void rms_norm_f32_neon(const float* x, const float* w, float eps, int64_t n, float* out) {
+  const float ss = dot_f32_neon(x, x, n);
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  const float32x4_t rv = vdupq_n_f32(r);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    vst1q_f32(out + i, vmulq_f32(vmulq_f32(vld1q_f32(x + i), rv), vld1q_f32(w + i)));
+  }
+  for (; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
+// exp(x) for x in about [-87, 88]: x = n ln2 + f, |f| <= ln2/2, exp(f) by a degree-6
+// polynomial (relative error ~2e-7), times 2^n (the x86 levels' constants).
+inline float32x4_t exp_vec(float32x4_t x) {
+  x = vmaxq_f32(vminq_f32(x, vdupq_n_f32(88.0f)), vdupq_n_f32(-87.0f));
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+  float32x4_t f = vfmaq_f32(x, n, vdupq_n_f32(-0.693145751953125f));  // ln2 split in two
+  f = vfmaq_f32(f, n, vdupq_n_f32(-1.428606765330187e-06f));
+  float32x4_t p = vdupq_n_f32(1.0f / 720);
+  p = vfmaq_f32(vdupq_n_f32(1.0f / 120), p, f);
+  p = vfmaq_f32(vdupq_n_f32(1.0f / 24), p, f);
+  p = vfmaq_f32(vdupq_n_f32(1.0f / 6), p, f);
+  p = vfmaq_f32(vdupq_n_f32(0.5f), p, f);
+  p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
+  p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+void silu_mul_f32_neon(const float* gate, const float* up, int64_t n, float* out) {
+  const float32x4_t one = vdupq_n_f32(1.0f);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t g = vld1q_f32(gate + i);
+    const float32x4_t e = exp_vec(vnegq_f32(g));
+    vst1q_f32(out + i, vmulq_f32(vdivq_f32(g, vaddq_f32(one, e)), vld1q_f32(up + i)));
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void add_f32_neon(float* x, const float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vaddq_f32(vld1q_f32(x + i), vld1q_f32(y + i)));
+  for (; i < n; ++i) x[i] += y[i];
+}
+
+float exp_sub_sum_f32_neon(float* x, float max, int64_t n) {
+  const float32x4_t mv = vdupq_n_f32(max);
+  float32x4_t acc = vdupq_n_f32(0.0f);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t e = exp_vec(vsubq_f32(vld1q_f32(x + i), mv));
+    vst1q_f32(x + i, e);
+    acc = vaddq_f32(acc, e);
+  }
+  float sum = vaddvq_f32(acc);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  return sum;
+}
+
+// ---- F16 KV cache rows ----
+
+// FCVTN rounds to nearest even (the default FPCR mode, which dserve never changes):
+// the same bits as f32_to_f16 in tensor/half.h.
+void f32_to_f16_row_neon(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+  }
+  for (; i < n; ++i) {
+    out[i] = vget_lane_u16(vreinterpret_u16_f16(vcvt_f16_f32(vdupq_n_f32(x[i]))), 0);
+  }
+}
+
+void f16_to_f32_row_neon(const uint16_t* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(out + i, f16x4_to_f32(x + i));
+  for (; i < n; ++i) out[i] = f16_to_f32_neon(x[i]);
+}
+
+// ---- attention ----
+
+inline float32x4_t load_kv4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t load_kv4(const uint16_t* p) { return f16x4_to_f32(p); }
+inline float load_kv1(const float* p) { return *p; }
+inline float load_kv1(const uint16_t* p) { return f16_to_f32_neon(*p); }
+
+// q . k over n elements: two FMA chains, a fixed reduction, the tail fused in order.
+template <typename Elem>
+inline float dot_kv(const float* q, const Elem* k, int n) {
+  float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
+  int d = 0;
+  for (; d + 8 <= n; d += 8) {
+    a0 = vfmaq_f32(a0, vld1q_f32(q + d), load_kv4(k + d));
+    a1 = vfmaq_f32(a1, vld1q_f32(q + d + 4), load_kv4(k + d + 4));
+  }
+  for (; d + 4 <= n; d += 4) a0 = vfmaq_f32(a0, vld1q_f32(q + d), load_kv4(k + d));
+  float s = vaddvq_f32(vaddq_f32(a0, a1));
+  for (; d < n; ++d) s = fma1(q[d], load_kv1(k + d), s);
+  return s;
+}
+
+// The online-softmax step (kernels.h), one query at a time over K/V rows of Elem
+// (float, or uint16_t for IEEE halves: converted on load, then the same arithmetic in
+// the same order, so both pools give the same bits). A query's result depends only on
+// its own inputs.
+template <typename Elem>
+void attn_step_neon(const AttnStepArgs& a) {
+  const Elem* k = static_cast<const Elem*>(a.k);
+  const Elem* v = static_cast<const Elem*>(a.v);
+  float* s = a.scores;
+  for (int i = 0; i < a.n_q; ++i) {
+    const int64_t n = a.n_visible[i] < a.n_keys ? a.n_visible[i] : a.n_keys;
+    if (n <= 0) continue;  // no key of this step: state unchanged
+    float block_max = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = dot_kv(a.q[i], k + j * a.k_stride, a.head_dim) * a.scale;
+      block_max = s[j] > block_max ? s[j] : block_max;
+    }
+    const float m = a.m[i] > block_max ? a.m[i] : block_max;
+    const float corr = std::exp(a.m[i] - m);  // 0 on the first step (m = -inf)
+    const float sum = exp_sub_sum_f32_neon(s, m, n);
+    float* acc = a.acc + int64_t{i} * a.v_dim;
+    const float32x4_t cv = vdupq_n_f32(corr);
+    int d = 0;
+    for (; d + 8 <= a.v_dim; d += 8) {
+      float32x4_t r0 = vmulq_f32(vld1q_f32(acc + d), cv);
+      float32x4_t r1 = vmulq_f32(vld1q_f32(acc + d + 4), cv);
+      for (int64_t j = 0; j < n; ++j) {
+        const Elem* vr = v + j * a.v_stride + d;
+        const float32x4_t pv = vdupq_n_f32(s[j]);
+        r0 = vfmaq_f32(r0, pv, load_kv4(vr));
+        r1 = vfmaq_f32(r1, pv, load_kv4(vr + 4));
+      }
+      vst1q_f32(acc + d, r0);
+      vst1q_f32(acc + d + 4, r1);
+    }
+    for (; d < a.v_dim; ++d) {
+      float r = acc[d] * corr;
+      for (int64_t j = 0; j < n; ++j) r = fma1(s[j], load_kv1(v + j * a.v_stride + d), r);
+      acc[d] = r;
+    }
+    a.l[i] = a.l[i] * corr + sum;
+    a.m[i] = m;
+  }
+}
+
+KernelTable make_arm_table(CpuIsa isa) {
+  KernelTable t{};
+  t.isa = isa;
+  t.quantize_q8x32 = quantize_q8x32_neon;
+  t.quantize_q8x256 = quantize_q8x256_neon;
+  t.quantize_q8x32_tiles = quantize_q8x32_tiles_neon;
+  t.matmul[static_cast<int>(DType::kF32)] = matmul_rows<dot_float_row<DType::kF32>>;
+  t.matmul[static_cast<int>(DType::kF16)] = matmul_rows<dot_float_row<DType::kF16>>;
+  t.matmul[static_cast<int>(DType::kBF16)] = matmul_rows<dot_float_row<DType::kBF16>>;
+  t.matmul[static_cast<int>(DType::kQ8_0)] = matmul_rows<dot_q32_row<Q8_0Traits>>;
+  t.matmul[static_cast<int>(DType::kQ4_0)] = matmul_rows<dot_q32_row<Q4_0Traits>>;
+  t.matmul[static_cast<int>(DType::kQ4_1)] = matmul_rows<dot_q32_row<Q4_1Traits>>;
+  t.matmul[static_cast<int>(DType::kQ4_K)] = matmul_rows<dot_q45k_row<false>>;
+  t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_rows<dot_q45k_row<true>>;
+  t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_rows<dot_q6k_row>;
+  t.dot_f32 = dot_f32_neon;
+  t.axpy_f32 = axpy_f32_neon;
+  t.scale_f32 = scale_f32_neon;
+  t.rms_norm_f32 = rms_norm_f32_neon;
+  t.silu_mul_f32 = silu_mul_f32_neon;
+  t.add_f32 = add_f32_neon;
+  t.exp_sub_sum_f32 = exp_sub_sum_f32_neon;
+  t.attn_step_f32 = attn_step_neon<float>;
+  t.attn_step_f16 = attn_step_neon<uint16_t>;
+  t.f32_to_f16_row = f32_to_f16_row_neon;
+  t.f16_to_f32_row = f16_to_f32_row_neon;
+  return t;
+}
+
+}  // namespace
+}  // namespace dserve::cpu
