@@ -26,7 +26,7 @@ APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev 
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
 	libcpp-httplib-dev libcurl4-openssl-dev
 
-.PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench clean \
+.PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench bench-compare clean \
 	deps-arm64 build-arm64 test-arm64
 
 all: build
@@ -166,6 +166,15 @@ test-py:
 bench: setup build
 	tools/bench_cpu.sh $(BUILD)/dserve $(DEFAULT_MODEL)
 	tools/bench_throughput.sh $(BUILD)/dserve $(DEFAULT_MODEL)
+
+# dserve against llama.cpp on the same GGUF files (not part of make test): builds
+# llama.cpp's llama-bench / llama-server / llama-quantize once into $(DSERVE_CACHE)
+# from the llama-cpp-python sdist, makes the DeepSeek-V3-shaped MoE GGUFs with
+# llama.cpp's converter, and prints the table the README's performance section shows.
+bench-compare: setup build
+	llama_bin=$$(tools/llamacpp_build.sh) && \
+	  $(PY) tools/bench_compare.py --dserve $(BUILD)/dserve --llama-bin $$llama_bin \
+	    --llama-src $$llama_bin/../../src
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM64_BUILD)
