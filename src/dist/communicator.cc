@@ -13,6 +13,8 @@ class SingleRankCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return "single"; }
+  void set_timeout(std::chrono::milliseconds) override {}
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds::max(); }
   Status all_reduce_sum(std::span<float>) override { return Status::Ok(); }
   Status all_gather(std::span<const std::byte> in, std::span<std::byte> out) override {
     if (out.size() != in.size()) return invalid_argument("all_gather: output size != input size");

@@ -13,6 +13,7 @@
 // Thread-safety: one thread drives a Communicator (collectives are ordered calls).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +33,10 @@ class Communicator {
   virtual int size() const = 0;
   // The implementation's name for logs ("single", "gloo/tcp").
   virtual std::string name() const = 0;
+  // How long a collective waits for the other ranks before failing. A peer that exits
+  // fails the collective at once whatever this is; the timeout catches a hung peer.
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
 
   // data[i] <- sum over ranks r of data_r[i], added in rank order.
   virtual Status all_reduce_sum(std::span<float> data) = 0;

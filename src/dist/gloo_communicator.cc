@@ -78,6 +78,8 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
   std::string name() const override { return "gloo/tcp"; }
+  void set_timeout(std::chrono::milliseconds timeout) override { context_->setTimeout(timeout); }
+  std::chrono::milliseconds timeout() const override { return context_->getTimeout(); }
 
   Status all_reduce_sum(std::span<float> data) override {
     // Gather, then add in rank order on every rank: the result does not depend on the

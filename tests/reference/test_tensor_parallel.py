@@ -1,0 +1,189 @@
+"""Tensor parallelism: one model split over 2-4 rank processes on this machine, talking
+over gloo on localhost, against transformers and against the same model on one rank.
+
+- Tiny random Llama and Qwen2 checkpoints in F32 (the fixtures of
+  test_llama_reference.py: KV heads split, and replicated where there are fewer KV heads
+  than ranks; Qwen2 q/k/v biases; tied and untied embeddings): per-position
+  log-probabilities within 1e-3 of transformers and of TP = 1, identical greedy
+  continuations.
+- The default model (Q4_1 GGUF, 9 heads, so TP = 3): greedy ids equal to TP = 1 up to
+  the first near-tie of the transformers reference (test_smollm2_reference.py).
+- Each rank's weights are about 1/N of the model's (the start-up log line).
+- Bad input and faults: a size that does not divide the heads, a port in use, a rank
+  that never arrives, ranks started with different models, a rank killed mid-run: one
+  clear error each, a non-zero exit, no hang.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import run
+from test_llama_reference import CASES, GEN_LEN, PROMPT_LEN, _fixture
+from test_smollm2_reference import TIE_MARGIN, reference  # noqa: F401 (fixture)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tp_args(n):
+    return ["--tensor-parallel-size", n, "--master-port", free_port(), "--threads", 1,
+            "--distributed-timeout", 60]
+
+
+def logprobs(dserve_bin, model_dir, prompt, tmp_path, n, extra=()):
+    ids = tmp_path / "ids.txt"
+    ids.write_text(",".join(map(str, prompt)))
+    out = tmp_path / f"logprobs-tp{n}.json"
+    r = run([dserve_bin, "perplexity", "--model", model_dir, "--token-ids", ids,
+             "--logprobs-out", out, *tp_args(n), *extra], timeout=300)
+    rows = json.loads(out.read_text())["scored"]
+    assert [x["position"] for x in rows] == list(range(1, PROMPT_LEN))
+    return [x["logprob"] for x in rows], r
+
+
+def greedy(dserve_bin, model_dir, prompt, n, max_tokens=GEN_LEN):
+    r = run([dserve_bin, "generate", "--model", model_dir, "--prompt-ids",
+             ",".join(map(str, prompt)), "--max-tokens", max_tokens, "--temperature", 0,
+             "--print-ids", "--ignore-eos", *tp_args(n)], timeout=300)
+    return [int(x) for x in r.stdout.strip().split(",")]
+
+
+# (case, TP size): 4 heads / 2 KV heads split; 1 KV head replicated, with biases;
+# Qwen2 tied with YaRN; 8 heads / 2 KV heads at TP = 4 (KV heads replicated in pairs).
+TP_CASES = [("llama-f32-untied", 2), ("llama-f32-linear-bias", 2), ("qwen2-f32-tied-yarn", 2),
+            ("llama-f32-tied-llama3", 4), ("qwen2-f32-untied", 4)]
+
+
+@pytest.mark.parametrize("name,n", TP_CASES, ids=[f"{c}-tp{n}" for c, n in TP_CASES])
+def test_tiny_f32_against_transformers_and_one_rank(name, n, dserve_bin, tmp_path):
+    case = next(c for c in CASES if c["name"] == name)
+    model_dir, ref = _fixture(case)
+    prompt = ref["prompt"]
+    want = ref["native"]
+    one, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, 1)
+    split, r = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--log-level", "info"])
+    worst_ref = max(abs(a - b) for a, b in zip(split, want["logprobs"]))
+    worst_one = max(abs(a - b) for a, b in zip(split, one))
+    assert worst_ref < 1e-3, f"TP={n}: max |log-prob - transformers| {worst_ref:.2e}"
+    assert worst_one < 1e-3, f"TP={n}: max |log-prob - TP=1| {worst_one:.2e}"
+    assert greedy(dserve_bin, model_dir, prompt, n) == want["greedy"]
+
+    # Every rank logs its share of the weights: about 1/N of the model (the norms are
+    # replicated, a few hundred bytes here).
+    shares = re.findall(r"tensor parallel rank (\d+)/(\d+): weights (\d+) of (\d+) bytes", r.stderr)
+    assert sorted(int(s[0]) for s in shares) == list(range(n)), r.stderr[-2000:]
+    for rank, size, mine, total in shares:
+        assert int(size) == n
+        assert abs(int(mine) - int(total) / n) < 0.02 * int(total) / n, (rank, mine, total)
+
+
+def test_default_model_greedy_equals_one_rank(reference, dserve_bin, default_model):  # noqa: F811
+    ref = reference["prompts"][0]
+    one = greedy(dserve_bin, default_model, ref["ids"], 1, 32)
+    split = greedy(dserve_bin, default_model, ref["ids"], 3, 32)
+    ties = [i for i, m in enumerate(ref["margins"][:32]) if m < TIE_MARGIN]
+    k = ties[0] if ties else 32
+    assert split[:k] == one[:k], f"compared {k} tokens; reference near-ties at {ties[:5]}"
+
+
+def run_fail(args, timeout=60):
+    t0 = time.monotonic()
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def test_size_not_dividing_heads_is_refused(dserve_bin):
+    model_dir, ref = _fixture(next(c for c in CASES if c["name"] == "llama-f32-untied"))
+    r, _ = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                     "--max-tokens", 2, "--print-ids", *tp_args(3)])
+    assert r.returncode != 0
+    assert "--tensor-parallel-size 3: does not divide the model's 4 attention heads" in r.stderr
+
+
+def test_port_in_use_is_refused(dserve_bin):
+    model_dir, _ = _fixture(CASES[0])
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r, _ = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                         "--max-tokens", 2, "--print-ids", "--tensor-parallel-size", 2,
+                         "--master-port", port])
+    assert r.returncode != 0
+    assert f"rendezvous port 0.0.0.0:{port} is already in use" in r.stderr
+
+
+def test_missing_rank_times_out_with_its_number(dserve_bin):
+    model_dir, _ = _fixture(CASES[0])
+    port = free_port()
+    # Node 0 of 2 starts rank 0; node 1 (rank 1) never comes.
+    r, took = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                        "--max-tokens", 2, "--print-ids", "--tensor-parallel-size", 2,
+                        "--nnodes", 2, "--node-rank", 0, "--master-port", port,
+                        "--distributed-timeout", 2])
+    assert r.returncode != 0
+    assert f"rank(s) 1 of 2 did not join the rendezvous at 127.0.0.1:{port} within 2 s" in r.stderr
+    assert took < 30
+
+
+def test_ranks_with_different_models_are_refused(dserve_bin):
+    a, _ = _fixture(CASES[0])
+    b, _ = _fixture(CASES[2])
+    port = free_port()
+    common = ["--prompt-ids", "1,2,3", "--max-tokens", 2, "--print-ids",
+              "--tensor-parallel-size", 2, "--nnodes", 2, "--master-port", port,
+              "--distributed-timeout", 20]
+    p0 = subprocess.Popen([str(x) for x in [dserve_bin, "generate", "--model", a, *common,
+                                            "--node-rank", 0]],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p1 = subprocess.Popen([str(x) for x in [dserve_bin, "generate", "--model", b, *common,
+                                            "--node-rank", 1, "--master-addr", "127.0.0.1"]],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err0 = p0.communicate(timeout=60)
+    _, err1 = p1.communicate(timeout=60)
+    assert p0.returncode != 0 and p1.returncode != 0
+    for err in (err0, err1):
+        assert "was started with a different configuration than rank 0" in err, err
+
+
+def test_killed_rank_ends_every_rank_with_an_error(dserve_bin, default_model):
+    # A long generation on the default model at TP = 3; one worker is killed mid-run.
+    p = subprocess.Popen([str(x) for x in [dserve_bin, "generate", "--model", default_model,
+                                           "--prompt", "Tell me a long story.",
+                                           "--max-tokens", 100000, "--ignore-eos",
+                                           "--temperature", 0, *tp_args(3)]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = []
+    deadline = time.monotonic() + 60
+    while len(children) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                children = [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            break
+    assert len(children) == 2, "the launcher did not start two worker ranks"
+    # Wait until tokens flow (the model is loaded and the ranks are in step).
+    os.set_blocking(p.stdout.fileno(), False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not p.stdout.read(1):
+        time.sleep(0.1)
+    os.kill(children[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    _, err = p.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert p.returncode != 0
+    assert "failed" in err and "rank" in err, err[-2000:]
+    # The surviving worker exits too (it dies with rank 0 at the latest).
+    time.sleep(1)
+    assert not os.path.exists(f"/proc/{children[0]}") or \
+        open(f"/proc/{children[0]}/stat").read().split()[2] == "Z"
