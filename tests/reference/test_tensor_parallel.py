@@ -14,6 +14,7 @@ over gloo on localhost, against transformers and against the same model on one r
   clear error each, a non-zero exit, no hang.
 """
 import json
+import math
 import os
 import re
 import signal
@@ -24,7 +25,7 @@ import time
 import pytest
 
 from conftest import run
-from test_llama_reference import CASES, GEN_LEN, PROMPT_LEN, _fixture
+from test_llama_reference import CASES, GEN_LEN, PROMPT_LEN, VOCAB, _fixture
 from test_smollm2_reference import TIE_MARGIN, reference  # noqa: F401 (fixture)
 
 
@@ -77,13 +78,39 @@ def test_tiny_f32_against_transformers_and_one_rank(name, n, dserve_bin, tmp_pat
     assert worst_one < 1e-3, f"TP={n}: max |log-prob - TP=1| {worst_one:.2e}"
     assert greedy(dserve_bin, model_dir, prompt, n) == want["greedy"]
 
-    # Every rank logs its share of the weights: about 1/N of the model (the norms are
-    # replicated, a few hundred bytes here).
+    # Every rank logs the bytes of weights it holds: 1/N of the model, except the norms
+    # (replicated) and the KV projections where there are fewer KV heads than ranks.
     shares = re.findall(r"tensor parallel rank (\d+)/(\d+): weights (\d+) of (\d+) bytes", r.stderr)
     assert sorted(int(s[0]) for s in shares) == list(range(n)), r.stderr[-2000:]
+    total_params = _n_params(model_dir)
     for rank, size, mine, total in shares:
-        assert int(size) == n
-        assert abs(int(mine) - int(total) / n) < 0.02 * int(total) / n, (rank, mine, total)
+        assert int(size) == n and int(total) == 4 * total_params
+        assert int(mine) == 4 * _params_per_rank(case, n, int(rank)), (rank, mine, total)
+
+
+def _n_params(model_dir):
+    """Parameters stored in the checkpoint (read with the safetensors package)."""
+    from safetensors import safe_open
+    with safe_open(model_dir / "model.safetensors", framework="pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def _params_per_rank(case, n, rank):
+    """Parameters rank `rank` of n holds: heads, FFN and vocabulary split n ways; KV heads
+    split, or one per rank when there are fewer than n; norms whole; the output biases
+    (o_proj with attention_bias) on rank 0 only."""
+    h, heads, kv = case["hidden"], case["heads"], case["kv_heads"]
+    hd = h // heads
+    kv_rank = kv // n if kv >= n else 1
+    vocab_rank = min(VOCAB, (rank + 1) * -(-VOCAB // n)) - min(VOCAB, rank * -(-VOCAB // n))
+    bias = case.get("attention_bias", False) or case["arch"] == "qwen2"
+    per_layer = (heads // n * hd * h * 2 + kv_rank * hd * h * 2 + 3 * case["ffn"] // n * h + 2 * h)
+    if bias:
+        per_layer += heads // n * hd + 2 * kv_rank * hd
+    if case.get("attention_bias", False) and rank == 0:
+        per_layer += h  # o_proj bias
+    embed = vocab_rank * h
+    return case["layers"] * per_layer + embed * (1 if case["tied"] else 2) + h
 
 
 def test_default_model_greedy_equals_one_rank(reference, dserve_bin, default_model):  # noqa: F811
