@@ -117,6 +117,9 @@ class TpDriver final : public CausalLm {
     h.op = static_cast<int32_t>(Op::kShutdown);
     (void)send(h, nullptr);
     local_.reset();
+    // Closing our connections ends any worker that missed the shutdown (the group
+    // broke), so waiting for the worker processes below cannot hang.
+    comm_.reset();
     watcher_.reset();  // e.g. waits for the worker processes to exit
   }
 
@@ -202,7 +205,7 @@ class TpDriver final : public CausalLm {
   }
 
  private:
-  // Declared first: destroyed last, after the model whose collectives use it.
+  // The destructor releases these in the order: model, communicator, watcher.
   std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<RankWatcher> watcher_;
   std::unique_ptr<CausalLm> local_;

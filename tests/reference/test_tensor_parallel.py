@@ -214,3 +214,63 @@ def test_killed_rank_ends_every_rank_with_an_error(dserve_bin, default_model):
     time.sleep(1)
     assert not os.path.exists(f"/proc/{children[0]}") or \
         open(f"/proc/{children[0]}/stat").read().split()[2] == "Z"
+
+
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def test_serve_tp3_batch_invariant_then_killed_rank(dserve_bin, default_model, tmp_path):
+    """`dserve serve --tensor-parallel-size 3` through the openai SDK: a request's greedy
+    text is the same alone and in a batch of four, and the same as TP = 1's `generate`.
+    Then a worker rank is killed mid-stream: the stream ends with an error within 10 s,
+    /health answers 503, and the server exits non-zero naming the rank."""
+    import concurrent.futures
+    import openai
+    import server_util
+
+    prompts = ["The ocean is", "Name three colours:", "Once upon a time", "def add(a, b):"]
+    server = server_util.start(dserve_bin, default_model, "--tensor-parallel-size", 3,
+                               "--threads", 1, "--master-port", free_port(),
+                               "--max-num-seqs", 8, log_path=tmp_path / "serve.log")
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+        model = str(default_model)
+
+        def complete(p):
+            return client.completions.create(model=model, prompt=p, max_tokens=12,
+                                             temperature=0).choices[0].text
+
+        alone = [complete(p) for p in prompts]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            batched = list(pool.map(complete, prompts))
+        assert batched == alone
+        one_rank = run([dserve_bin, "generate", "--model", default_model, "--prompt", prompts[0],
+                        "--max-tokens", 12, "--temperature", 0, "--threads", 1]).stdout
+        assert one_rank.rstrip("\n") == alone[0], (one_rank, alone[0])
+
+        workers = _children(server.proc.pid)
+        assert len(workers) == 2
+        stream = client.completions.create(model=model, prompt="Tell me a long story.",
+                                           max_tokens=3000, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        next(iter(stream))  # tokens flow
+        os.kill(workers[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIError) as err:
+            for _ in stream:
+                pass
+        assert time.monotonic() - t0 < 10
+        assert "was killed by signal 9" in str(err.value), str(err.value)
+        status, _ = server.get("/health", timeout=5)
+        assert status == 503
+        server.proc.wait(timeout=30)
+        assert server.proc.returncode != 0
+        assert "the engine failed" in server.log()
+        time.sleep(1)
+        for pid in workers:
+            assert not os.path.exists(f"/proc/{pid}") or \
+                open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"rank pid {pid} still runs"
+    finally:
+        server_util.stop(server)
