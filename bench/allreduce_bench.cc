@@ -56,7 +56,11 @@ int main(int argc, char** argv) {
   std::vector<pid_t> pids;
   for (int r = 0; r < n_ranks; ++r) {
     pid_t pid = ::fork();
-    if (pid == 0) ::_exit(run_rank(r, n_ranks, port, iterations));
+    if (pid == 0) {
+      const int code = run_rank(r, n_ranks, port, iterations);
+      std::fflush(stdout);  // _exit skips stdio's buffers
+      ::_exit(code);
+    }
     pids.push_back(pid);
   }
   int failed = 0;

@@ -1,6 +1,7 @@
 #include "dist/gloo_communicator.h"
 
 #include <arpa/inet.h>
+#include <csignal>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -195,6 +196,10 @@ Result<std::unique_ptr<Communicator>> connect_gloo(GroupOptions options) {
   if (world < 1 || rank < 0 || rank >= world) {
     return invalid_argument("rank " + std::to_string(rank) + " is outside a group of " + std::to_string(world));
   }
+  // gloo writes to its peers' sockets with plain send(): without this, a write to a
+  // rank that just died kills this process with SIGPIPE instead of failing the
+  // collective with an error that names the peer.
+  ::signal(SIGPIPE, SIG_IGN);
   const std::string where = options.master_addr + ":" + std::to_string(options.master_port);
   std::unique_ptr<TcpStoreServer> server = std::move(options.server);
   if (rank == 0 && server == nullptr) {

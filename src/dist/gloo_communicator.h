@@ -32,6 +32,8 @@ struct GroupOptions {
   std::unique_ptr<TcpStoreServer> server;
 };
 
+// Sets SIGPIPE to ignored (process-wide), so a peer that dies fails a collective
+// rather than killing this process.
 // Blocks until every rank has joined (or options.timeout passes: the error names the
 // missing ranks and the rendezvous address).
 Result<std::unique_ptr<Communicator>> connect_gloo(GroupOptions options);
