@@ -136,6 +136,16 @@ def test_size_not_dividing_heads_is_refused(dserve_bin):
     assert "--tensor-parallel-size 3: does not divide the model's 4 attention heads" in r.stderr
 
 
+def test_deepseek_is_refused_until_built(dserve_bin):
+    import test_deepseek_reference as ds
+    model_dir = ds._fixture(ds._case("v2-lite-yarn"))
+    model_dir = model_dir[0] if isinstance(model_dir, tuple) else model_dir
+    r, _ = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                     "--max-tokens", 2, "--print-ids", *tp_args(2)])
+    assert r.returncode != 0
+    assert "tensor parallelism is not built yet for DeepSeek" in r.stderr
+
+
 def test_port_in_use_is_refused(dserve_bin):
     model_dir, _ = _fixture(CASES[0])
     with socket.socket() as s:
