@@ -1,5 +1,6 @@
 #include "cli/tensor_parallel.h"
 
+#include <numa.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -21,6 +22,24 @@
 
 namespace dserve::cli {
 namespace {
+
+// One rank per NUMA node when the machine has several: the node's i-th rank runs on
+// node i % n_nodes and takes its memory there, so a decode reads its weight shard
+// from local memory instead of across the interconnect. CPU affinity and memory
+// policy survive exec, so a launcher calls this in the child before exec and for itself.
+// Returns the node, or -1 on a machine with one node (nothing to do).
+int bind_to_numa_node(int local_index) {
+  if (numa_available() < 0) return -1;
+  const int nodes = numa_num_configured_nodes();
+  if (nodes <= 1) return -1;
+  const int node = local_index % nodes;
+  if (numa_run_on_node(node) != 0) return -1;
+  struct bitmask* mask = numa_allocate_nodemask();
+  numa_bitmask_setbit(mask, static_cast<unsigned>(node));
+  numa_set_membind(mask);
+  numa_free_nodemask(mask);
+  return node;
+}
 
 std::vector<std::string>& command_line() {
   static std::vector<std::string> args;
@@ -73,7 +92,7 @@ class LocalRanks final : public RankWatcher {
     return dead;
   }
 
-  Status spawn(int rank) {
+  Status spawn(int rank, int local_index) {
     std::vector<std::string> args = command_line();
     args.push_back("--tp-rank");
     args.push_back(std::to_string(rank));
@@ -86,6 +105,7 @@ class LocalRanks final : public RankWatcher {
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl
+      bind_to_numa_node(local_index);
       ::execv("/proc/self/exe", argv.data());
       std::fprintf(stderr, "dserve: error: rank %d: cannot start /proc/self/exe\n", rank);
       ::_exit(127);
@@ -171,7 +191,10 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
       DS_ASSIGN_OR_RETURN(group.server, dist::TcpStoreServer::start("", o.master_port));
     }
     children = std::make_unique<LocalRanks>();
-    for (int r = first + 1; r < first + per_node; ++r) DS_RETURN_IF_ERROR(children->spawn(r));
+    if (const int node = bind_to_numa_node(0); node >= 0) {
+      DS_LOG_INFO("{} ranks on this machine, one per NUMA node of {}", per_node, numa_num_configured_nodes());
+    }
+    for (int r = first + 1; r < first + per_node; ++r) DS_RETURN_IF_ERROR(children->spawn(r, r - first));
   }
   Result<std::unique_ptr<dist::Communicator>> comm = dist::connect_gloo(std::move(group));
   if (!comm.ok()) {
