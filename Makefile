@@ -24,7 +24,7 @@ PROMPT ?= The three most useful things to know about the ocean are
 
 APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev \
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
-	libcpp-httplib-dev libcurl4-openssl-dev
+	libcpp-httplib-dev libcurl4-openssl-dev libgloo-dev libnuma-dev
 
 .PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench bench-compare clean \
 	deps-arm64 build-arm64 test-arm64

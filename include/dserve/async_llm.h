@@ -98,6 +98,9 @@ class AsyncLlm {
 
   // Refuses new requests from now on (add_request fails with ResourceExhausted).
   void stop_accepting();
+  // False once an engine step failed (a tensor-parallel rank died, say): the engine
+  // serves no more requests and /health reports 503.
+  bool healthy() const;
   // Waits until no request is unfinished, or `timeout`; true when idle.
   bool wait_idle(std::chrono::milliseconds timeout);
   // Aborts every unfinished request.

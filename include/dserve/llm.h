@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@ namespace dserve {
 
 class Backend;
 class CausalLm;
+class ModelFiles;
 class LlmEngine;
 class Tokenizer;
 
@@ -48,6 +50,11 @@ struct LlmOptions {
   std::optional<uint64_t> seed;  // seeds unseeded requests' RNGs; none: random
   int n_threads = 0;  // 0: one per core
   std::string isa;    // force "scalar", "avx2" or "avx512" kernels; empty: best available
+  // Optional: loads the model in place of load_causal_lm(files, backend, context), e.g.
+  // as rank 0 of a tensor-parallel group (the CLI's launcher). On any other rank it
+  // does not return.
+  std::function<Result<std::unique_ptr<CausalLm>>(std::unique_ptr<ModelFiles>, Backend&, int64_t)>
+      load_model;
 };
 
 // One prompt: text (tokenized with special tokens) or token ids.

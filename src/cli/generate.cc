@@ -66,7 +66,9 @@ Status generate(const GenerateOptions& o) {
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(o.common));
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model,
-                      load_causal_lm(std::move(files), *backend, context));
+                      load_model_on_ranks(o.tp, std::move(files), *backend, context,
+                                          "generate model=" + o.common.model +
+                                              " ctx=" + std::to_string(context)));
   std::unique_ptr<SequenceCache> kv = model->new_cache();
   SamplingState state(params, prompt, eos_ids);
   Sampler sampler;

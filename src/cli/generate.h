@@ -6,12 +6,14 @@
 #include <string>
 
 #include "cli/cli_common.h"
+#include "cli/tensor_parallel.h"
 #include "sampling/sampling_params.h"
 
 namespace dserve::cli {
 
 struct GenerateOptions {
   CommonOptions common;
+  TensorParallelOptions tp;
   std::string prompt;      // text, tokenised with the model's tokenizer
   std::string prompt_ids;  // or token ids directly ("1,2,3"), for developers and tests
   int max_tokens = 128;

@@ -40,6 +40,7 @@ int run(int argc, char** argv) {
   CLI::App* generate =
       app.add_subcommand("generate", "continue a prompt, streaming text to stdout");
   add_common_options(generate, &gen.common);
+  dserve::cli::add_tensor_parallel_options(generate, &gen.tp);
   generate->add_option("--prompt", gen.prompt, "prompt text");
   generate->add_option("--prompt-ids", gen.prompt_ids,
                        "prompt as token ids, e.g. 1,2,3 (instead of --prompt)");
@@ -71,6 +72,7 @@ int run(int argc, char** argv) {
   dserve::cli::PerplexityOptions ppl;
   CLI::App* perplexity = app.add_subcommand("perplexity", "score a text and print its perplexity");
   add_common_options(perplexity, &ppl.common);
+  dserve::cli::add_tensor_parallel_options(perplexity, &ppl.tp);
   perplexity->add_option("--file", ppl.file, "text file to score");
   perplexity->add_option("--token-ids", ppl.token_ids_file,
                          "file of token ids to score (instead of --file)");
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
   // Library code reports failures as Status; this only catches what the standard
   // library throws (allocation failure) so that it too ends as one line.
   try {
+    dserve::cli::remember_command_line(argc, argv);
     return run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dserve: error: %s\n", e.what());

@@ -80,7 +80,9 @@ Status perplexity(const PerplexityOptions& o) {
 
   DS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(o.common));
   DS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model,
-                      load_causal_lm(std::move(files), *backend, ctx));
+                      load_model_on_ranks(o.tp, std::move(files), *backend, ctx,
+                                          "perplexity model=" + o.common.model +
+                                              " ctx=" + std::to_string(ctx)));
   std::unique_ptr<SequenceCache> kv = model->new_cache();
   const int64_t vocab = config.vocab_size;
 

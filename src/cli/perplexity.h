@@ -6,11 +6,13 @@
 #include <string>
 
 #include "cli/cli_common.h"
+#include "cli/tensor_parallel.h"
 
 namespace dserve::cli {
 
 struct PerplexityOptions {
   CommonOptions common;
+  TensorParallelOptions tp;
   std::string file;            // text file, tokenised with the model's tokenizer
   std::string token_ids_file;  // or a file of token ids ("1,2,3" / whitespace / JSON list)
   int64_t ctx = 0;             // window length; 0: min(all tokens, max_position_embeddings)

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -68,8 +69,7 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "larger request bodies get HTTP 413")
       ->capture_default_str();
-  cmd->add_option("--tensor-parallel-size", o->tensor_parallel_size,
-                  "tensor-parallel ranks (only 1 so far)")->capture_default_str();
+  add_tensor_parallel_options(cmd, &o->tp);
   cmd->add_option("--pipeline-parallel-size", o->pipeline_parallel_size,
                   "pipeline-parallel ranks (only 1 so far)")->capture_default_str();
   cmd->add_option("--data-parallel-size", o->data_parallel_size,
@@ -93,7 +93,6 @@ Status check_unbuilt(const ServeOptions& o) {
   auto unbuilt = [](const std::string& what) {
     return unimplemented(what + " is not built yet; run with the default");
   };
-  if (o.tensor_parallel_size != 1) return unbuilt("--tensor-parallel-size " + std::to_string(o.tensor_parallel_size));
   if (o.pipeline_parallel_size != 1) return unbuilt("--pipeline-parallel-size " + std::to_string(o.pipeline_parallel_size));
   if (o.data_parallel_size != 1) return unbuilt("--data-parallel-size " + std::to_string(o.data_parallel_size));
   if (o.enable_expert_parallel) return unbuilt("--enable-expert-parallel");
@@ -172,6 +171,12 @@ int run_serve(ServeOptions o) {
   lo.seed = o.seed;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
+  if (o.tp.size > 1) {
+    lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
+      return load_model_on_ranks(o.tp, std::move(files), backend, context,
+                                 "serve model=" + model_path + " ctx=" + std::to_string(context));
+    };
+  }
   Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
   if (!llm.ok()) return report_error(llm.status());
   Result<std::unique_ptr<chat::ChatTemplate>> tmpl = load_chat_template(o, model_path);
@@ -218,7 +223,30 @@ int run_serve(ServeOptions o) {
     }
     http.stop();
   });
+  // A failed engine (with tensor parallelism: a rank died) cannot recover: /health says
+  // 503 for a moment so probes see it, then the server shuts down with an error.
+  std::atomic<bool> engine_failed{false};
+  std::atomic<bool> serving_done{false};
+  std::thread health_thread([&] {
+    while (!serving_done.load()) {
+      if (!engine.healthy()) {
+        engine_failed = true;
+        DS_LOG_ERROR("the engine failed; shutting down");
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        http.stop();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
   Status s = http.run();
+  serving_done = true;
+  health_thread.join();
+  if (engine_failed.load()) {
+    pthread_kill(signal_thread.native_handle(), SIGTERM);
+    signal_thread.join();
+    return report_error(internal_error("the engine failed (see the error above); server stopped"));
+  }
   if (!s.ok()) {
     pthread_kill(signal_thread.native_handle(), SIGTERM);
     signal_thread.join();

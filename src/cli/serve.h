@@ -13,11 +13,13 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/cli_common.h"
+#include "cli/tensor_parallel.h"
 
 namespace dserve::cli {
 
 struct ServeOptions {
   CommonOptions common;
+  TensorParallelOptions tp;
   std::string host = "0.0.0.0";
   int port = 8000;
   std::string api_key;  // also $DSERVE_API_KEY
@@ -39,7 +41,6 @@ struct ServeOptions {
   double shutdown_timeout = 30.0;
   size_t max_body_bytes = size_t{32} << 20;
   // Capabilities not built yet: any value but the default fails with a clear message.
-  int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
   int data_parallel_size = 1;
   bool enable_expert_parallel = false;

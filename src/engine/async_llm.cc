@@ -132,6 +132,11 @@ void AsyncLlm::abort_all() {
   cv_.notify_all();
 }
 
+bool AsyncLlm::healthy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !failed_;
+}
+
 void AsyncLlm::stop_accepting() {
   std::lock_guard<std::mutex> lock(mu_);
   accepting_ = false;
@@ -259,7 +264,7 @@ void AsyncLlm::run() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stopping_ || !inbox_.empty() || engine.has_unfinished_requests();
+        return stopping_ || !inbox_.empty() || (!failed_ && engine.has_unfinished_requests());
       });
       if (stopping_) {
         inbox.swap(inbox_);
@@ -272,11 +277,20 @@ void AsyncLlm::run() {
       }
       inbox.swap(inbox_);
     }
+    const bool failed = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return failed_;
+    }();
     for (Command* c : inbox) {
-      apply(*c);
+      // After a failed step the engine is left mid-step: it takes no more commands.
+      if (!failed) {
+        apply(*c);
+      } else if (c->kind == Command::Kind::kAdd) {
+        c->done.set_value(internal_error("the engine failed and serves no more requests"));
+      }
       delete c;
     }
-    if (engine.has_unfinished_requests()) {
+    if (!failed && engine.has_unfinished_requests()) {
       Result<std::vector<EngineOutput>> outputs = engine.step();
       if (!outputs.ok()) {
         DS_LOG_ERROR("engine step failed: {}", outputs.status().message());
@@ -287,8 +301,7 @@ void AsyncLlm::run() {
         std::vector<RequestId> ids;
         for (const auto& [id, p] : *pending_) ids.push_back(id);
         for (RequestId id : ids) finish(id, "error", outputs.status().message());
-        // The engine cannot go on; drop its requests so the loop waits for commands.
-        for (RequestId id : ids) (void)engine.abort_request(id);
+        // The engine cannot go on (and, mid-step, cannot abort): it is never stepped again.
       } else {
         publish(*outputs);
       }

@@ -73,7 +73,8 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   cpu.isa = o.isa;
   llm->backend_ = make_cpu_backend(cpu);
   const int64_t weight_bytes = static_cast<int64_t>(files->total_tensor_bytes());
-  DS_ASSIGN_OR_RETURN(llm->model_, load_causal_lm(std::move(files), *llm->backend_, context));
+  DS_ASSIGN_OR_RETURN(llm->model_, o.load_model ? o.load_model(std::move(files), *llm->backend_, context)
+                                                 : load_causal_lm(std::move(files), *llm->backend_, context));
   // The backend's prepared copies (the CPU's packed panels) are memory on top of the
   // loaded weights; the mapped originals stay mapped too.
   const int64_t prepared_bytes = llm->backend_->prepared_weight_bytes();

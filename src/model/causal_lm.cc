@@ -67,6 +67,10 @@ class LlamaLm final : public ModelLm<LlamaModel, KvCache, PagedKvCache> {
   using ModelLm::ModelLm;
   size_t weight_bytes_per_token() const override { return model_->weight_bytes_per_token(); }
   std::string stats() const override { return {}; }
+  // A rank's cache holds only its KV heads.
+  size_t paged_bytes_per_token(DType dtype) const override {
+    return PagedKvCache::bytes_per_token(model_->shard_config(), dtype);
+  }
 };
 
 class DeepseekLm final : public ModelLm<DeepseekModel, MlaKvCache, PagedMlaCache> {
@@ -106,15 +110,20 @@ Result<ModelInfo> read_model_info(const ModelFiles& files) {
 }
 
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
-                                                 Backend& backend, int64_t max_context) {
+                                                 Backend& backend, int64_t max_context,
+                                                 dist::Communicator* comm) {
   DS_ASSIGN_OR_RETURN(ModelInfo info, read_model_info(*files));
   if (is_deepseek_model(*files)) {
+    if (comm != nullptr && comm->size() > 1) {
+      return unimplemented(info.architecture + ": tensor parallelism is not built yet for DeepSeek "
+                           "(Llama and Qwen2 only)");
+    }
     DS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m,
                         DeepseekModel::load(std::move(files), backend, max_context));
     return std::unique_ptr<CausalLm>(new DeepseekLm(std::move(m), std::move(info)));
   }
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m,
-                      LlamaModel::load(std::move(files), backend, max_context));
+                      LlamaModel::load(std::move(files), backend, max_context, comm));
   return std::unique_ptr<CausalLm>(new LlamaLm(std::move(m), std::move(info)));
 }
 

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "base/status.h"
+#include "dist/communicator.h"
 #include "loader/model_files.h"
 #include "model/llama_model.h"  // LogitsFor
 #include "model/model_batch.h"
@@ -76,7 +77,9 @@ class CausalLm {
 };
 
 // max_context: the longest sequence forward() will see; 0 means the model's own.
+// comm: the tensor-parallel group this process is one rank of (null: one rank).
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
-                                                 Backend& backend, int64_t max_context);
+                                                 Backend& backend, int64_t max_context,
+                                                 dist::Communicator* comm = nullptr);
 
 }  // namespace dserve

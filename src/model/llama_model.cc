@@ -12,21 +12,39 @@ namespace {
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
 }  // namespace
 
 LlamaModel::LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config)
     : files_(std::move(files)), backend_(backend), config_(std::move(config)) {}
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::unique_ptr<ModelFiles> files,
-                                                     Backend& backend, int64_t max_context) {
+                                                     Backend& backend, int64_t max_context,
+                                                     dist::Communicator* comm) {
   DS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::from_model_files(*files));
   if (max_context < 0) return invalid_argument("context length must not be negative");
   if (max_context == 0) max_context = config.max_position_embeddings;
   std::unique_ptr<LlamaModel> model(new LlamaModel(std::move(files), backend, std::move(config)));
   model->max_context_ = max_context;
   model->rope_pairs_interleaved_ = model->files_->rope_pairs_interleaved();
+  if (comm == nullptr) {
+    model->own_comm_ = dist::make_single_rank_communicator();
+    comm = model->own_comm_.get();
+  }
+  model->comm_ = comm;
+  model->shard_ = model->config_;
   DS_RETURN_IF_ERROR(model->bind_weights());
   DS_LOG_INFO("{}", model->config_.summary());
+  if (comm->size() > 1) {
+    DS_LOG_INFO("tensor parallel rank {}/{}: weights {} of {} bytes ({:.1f} of {:.1f} MiB; {:.1f} MiB "
+                "copied shards), {} of {} heads, {} of {} KV heads, FFN {} of {}",
+                comm->rank(), comm->size(), model->rank_weight_bytes_, model->model_weight_bytes_,
+                mib(model->rank_weight_bytes_), mib(model->model_weight_bytes_),
+                mib(model->shards_.copied_bytes()), model->shard_.n_heads, model->config_.n_heads,
+                model->shard_.n_kv_heads, model->config_.n_kv_heads, model->shard_.intermediate_size,
+                model->config_.intermediate_size);
+  }
   return model;
 }
 
@@ -106,7 +124,105 @@ Status LlamaModel::bind_weights() {
   }
   rope_ = std::make_unique<RopeCache>(c.rope, max_context_, freq_factors);
 
+  auto weight_bytes = [&] {
+    size_t bytes = embed_->n_bytes + final_norm_->n_bytes + (lm_head_ != embed_ ? lm_head_->n_bytes : 0);
+    for (const LayerWeights& w : layers_) {
+      for (const TensorView* t : {w.attn_norm, w.wq, w.wk, w.wv, w.wo, w.bq, w.bk, w.bv, w.bo, w.ffn_norm,
+                                  w.w_gate, w.w_up, w.w_down, w.b_gate, w.b_up, w.b_down}) {
+        if (t) bytes += t->n_bytes;
+      }
+    }
+    return bytes;
+  };
+  model_weight_bytes_ = weight_bytes();
+  vocab_begin_ = 0;
+  vocab_end_ = vocab_per_rank_ = c.vocab_size;
+  if (comm_->size() > 1) DS_RETURN_IF_ERROR(shard_weights());
+  rank_weight_bytes_ = weight_bytes();
+
+  if (comm_->size() > 1) return Status::Ok();  // shard_weights() prepares the shards
   // The backend's own layout of every matmul weight, made once here.
+  backend_.prepare_matmul_weight(*lm_head_);
+  for (const LayerWeights& w : layers_) {
+    for (const TensorView* t : {w.wq, w.wk, w.wv, w.wo, w.w_gate, w.w_up, w.w_down}) {
+      backend_.prepare_matmul_weight(*t);
+    }
+  }
+  return Status::Ok();
+}
+
+// Tensor parallel: rank r keeps heads [r * n_heads / N, (r + 1) * n_heads / N) with
+// their rows of q/k/v and columns of o_proj, the same share of the MLP's intermediate
+// dimension, and a 1/N slice of the vocabulary (the last slice shorter when N does not
+// divide it). With fewer KV heads than ranks, each rank keeps the one KV head its query
+// heads read (replicated across the ranks of its group).
+Status LlamaModel::shard_weights() {
+  const ModelConfig& c = config_;
+  const int n = comm_->size(), r = comm_->rank();
+  const std::string where = "--tensor-parallel-size " + std::to_string(n) + ": ";
+  if (c.n_heads % n != 0) {
+    return invalid_argument(where + "does not divide the model's " + std::to_string(c.n_heads) + " attention heads");
+  }
+  if (c.n_kv_heads % n != 0 && n % c.n_kv_heads != 0) {
+    return invalid_argument(where + "the model's " + std::to_string(c.n_kv_heads) +
+                            " KV heads can be neither split nor replicated evenly over the ranks");
+  }
+  if (c.intermediate_size % n != 0) {
+    return invalid_argument(where + "does not divide the MLP's intermediate size " +
+                            std::to_string(c.intermediate_size));
+  }
+  const int heads = c.n_heads / n;
+  const int kv_heads = c.n_kv_heads >= n ? c.n_kv_heads / n : 1;
+  // The first KV head this rank's query heads read.
+  const int kv_first = c.n_kv_heads >= n ? r * kv_heads : (r * heads) / c.n_heads_per_kv();
+  const int64_t hd = c.head_dim, inter = c.intermediate_size / n;
+  shard_.n_heads = heads;
+  shard_.n_kv_heads = kv_heads;
+  shard_.intermediate_size = inter;
+  vocab_per_rank_ = (c.vocab_size + n - 1) / n;
+  vocab_begin_ = std::min<int64_t>(c.vocab_size, r * vocab_per_rank_);
+  vocab_end_ = std::min<int64_t>(c.vocab_size, vocab_begin_ + vocab_per_rank_);
+
+  auto rows = [&](const TensorView*& t, const std::string& name, int64_t b, int64_t e) -> Status {
+    if (t == nullptr) return Status::Ok();
+    DS_ASSIGN_OR_RETURN(t, shards_.rows(*t, name, b, e));
+    return Status::Ok();
+  };
+  auto cols = [&](const TensorView*& t, const std::string& name, int64_t b, int64_t e) -> Status {
+    DS_ASSIGN_OR_RETURN(t, shards_.columns(*t, name, b, e));
+    return Status::Ok();
+  };
+  const bool tied = lm_head_ == embed_;
+  DS_RETURN_IF_ERROR(rows(embed_, "model.embed_tokens.weight", vocab_begin_, vocab_end_));
+  if (tied) {
+    lm_head_ = embed_;
+  } else {
+    DS_RETURN_IF_ERROR(rows(lm_head_, "lm_head.weight", vocab_begin_, vocab_end_));
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerWeights& w = layers_[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const int64_t q0 = int64_t{r} * heads * hd, q1 = q0 + heads * hd;
+    const int64_t k0 = int64_t{kv_first} * hd, k1 = k0 + kv_heads * hd;
+    DS_RETURN_IF_ERROR(rows(w.wq, p + "self_attn.q_proj.weight", q0, q1));
+    DS_RETURN_IF_ERROR(rows(w.bq, p + "self_attn.q_proj.bias", q0, q1));
+    DS_RETURN_IF_ERROR(rows(w.wk, p + "self_attn.k_proj.weight", k0, k1));
+    DS_RETURN_IF_ERROR(rows(w.bk, p + "self_attn.k_proj.bias", k0, k1));
+    DS_RETURN_IF_ERROR(rows(w.wv, p + "self_attn.v_proj.weight", k0, k1));
+    DS_RETURN_IF_ERROR(rows(w.bv, p + "self_attn.v_proj.bias", k0, k1));
+    DS_RETURN_IF_ERROR(cols(w.wo, p + "self_attn.o_proj.weight", q0, q1));
+    const int64_t f0 = int64_t{r} * inter, f1 = f0 + inter;
+    DS_RETURN_IF_ERROR(rows(w.w_gate, p + "mlp.gate_proj.weight", f0, f1));
+    DS_RETURN_IF_ERROR(rows(w.b_gate, p + "mlp.gate_proj.bias", f0, f1));
+    DS_RETURN_IF_ERROR(rows(w.w_up, p + "mlp.up_proj.weight", f0, f1));
+    DS_RETURN_IF_ERROR(rows(w.b_up, p + "mlp.up_proj.bias", f0, f1));
+    DS_RETURN_IF_ERROR(cols(w.w_down, p + "mlp.down_proj.weight", f0, f1));
+    // The output biases of the row-parallel layers are added once, by rank 0, so the
+    // all-reduce sums them exactly once.
+    if (r != 0) w.bo = w.b_down = nullptr;
+  }
+  // The backend packs this rank's shards (done by bind_weights for the full tensors
+  // only when there is one rank).
   backend_.prepare_matmul_weight(*lm_head_);
   for (const LayerWeights& w : layers_) {
     for (const TensorView* t : {w.wq, w.wk, w.wv, w.wo, w.w_gate, w.w_up, w.w_down}) {
@@ -129,12 +245,12 @@ size_t LlamaModel::weight_bytes_per_token() const {
 }
 
 std::unique_ptr<KvCache> LlamaModel::new_kv_cache() const {
-  return std::make_unique<KvCache>(config_, max_context_);
+  return std::make_unique<KvCache>(shard_, max_context_);
 }
 
 std::unique_ptr<PagedKvCache> LlamaModel::new_paged_cache(int n_blocks, int block_size,
                                                           DType dtype) const {
-  return std::make_unique<PagedKvCache>(config_, n_blocks, block_size, dtype);
+  return std::make_unique<PagedKvCache>(shard_, n_blocks, block_size, dtype);
 }
 
 void LlamaModel::attend(int layer, const float* q, const float* k, const float* v,
@@ -143,22 +259,22 @@ void LlamaModel::attend(int layer, const float* q, const float* k, const float* 
   const int64_t n_kv = static_cast<int64_t>(positions.back()) + 1;
   const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
   backend_.attention(q, kv.k(layer), kv.v(layer), out, static_cast<int64_t>(positions.size()),
-                     positions.data(), n_kv, config_.n_heads, config_.n_kv_heads, config_.head_dim,
-                     config_.head_dim, scale);
+                     positions.data(), n_kv, shard_.n_heads, shard_.n_kv_heads, shard_.head_dim,
+                     shard_.head_dim, scale);
 }
 
 void LlamaModel::attend_paged(int layer, const float* q, const float* k, const float* v,
                               const PagedBatch& batch, const int64_t* slots, PagedKvCache& cache,
                               float* out) {
-  const int64_t kv_dim = config_.kv_dim();
+  const int64_t kv_dim = shard_.kv_dim();
   // Keys and values of the whole step first: a sequence may read, through a shared
   // prefix block, keys another sequence of this step writes.
   const DType dtype = cache.dtype();
   backend_.kv_store(dtype, cache.k(layer), kv_dim, k, slots, batch.n_tokens);
   backend_.kv_store(dtype, cache.v(layer), kv_dim, v, slots, batch.n_tokens);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  backend_.paged_attention(q, dtype, cache.k(layer), cache.v(layer), out, batch, config_.n_heads,
-                           config_.n_kv_heads, config_.head_dim, config_.head_dim, scale);
+  backend_.paged_attention(q, dtype, cache.k(layer), cache.v(layer), out, batch, shard_.n_heads,
+                           shard_.n_kv_heads, shard_.head_dim, shard_.head_dim, scale);
 }
 
 Status LlamaModel::check_tokens(std::span<const int32_t> tokens) const {
@@ -171,10 +287,40 @@ Status LlamaModel::check_tokens(std::span<const int32_t> tokens) const {
   return Status::Ok();
 }
 
+Status LlamaModel::embed(std::span<const int32_t> tokens, float* x) {
+  const int64_t n = static_cast<int64_t>(tokens.size()), hidden = config_.hidden_size;
+  if (comm_->size() == 1) {
+    backend_.get_rows(*embed_, tokens.data(), n, x);
+    return Status::Ok();
+  }
+  // Each rank fills the rows of the tokens in its vocabulary slice and zeros elsewhere;
+  // the sum over ranks (x + 0, exact) is the full embedding on every rank.
+  Scratch& s = scratch_;
+  s.embed_ids.clear();
+  s.embed_at.clear();
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] >= vocab_begin_ && tokens[t] < vocab_end_) {
+      s.embed_ids.push_back(static_cast<int32_t>(tokens[t] - vocab_begin_));
+      s.embed_at.push_back(static_cast<int32_t>(t));
+    }
+  }
+  std::fill_n(x, n * hidden, 0.0f);
+  const int64_t k = static_cast<int64_t>(s.embed_ids.size());
+  if (k > 0) {
+    s.embed_rows.resize(k * hidden);
+    backend_.get_rows(*embed_, s.embed_ids.data(), k, s.embed_rows.data());
+    for (int64_t i = 0; i < k; ++i) {
+      std::copy_n(s.embed_rows.data() + i * hidden, hidden, x + int64_t{s.embed_at[i]} * hidden);
+    }
+  }
+  return comm_->all_reduce_sum({x, static_cast<size_t>(n * hidden)});
+}
+
 template <typename AttendFn>
-void LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                            AttendFn&& attend_layer) {
-  const ModelConfig& c = config_;
+Status LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                              AttendFn&& attend_layer) {
+  // The per-rank shapes (heads, FFN width); equal to config_ on one rank.
+  const ModelConfig& c = shard_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
@@ -190,7 +336,8 @@ void LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int
   const RopeTable& rope = rope_->table();
 
   // x[n, hidden] = embedding rows of the tokens
-  backend_.get_rows(*embed_, tokens.data(), n, s.x.data());
+  DS_RETURN_IF_ERROR(embed(tokens, s.x.data()));
+  const std::span<float> xb(s.xb.data(), static_cast<size_t>(n * hidden));
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -208,8 +355,9 @@ void LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int
                   rope_pairs_interleaved_);
     // att[n, n_heads, head_dim] = softmax(q kᵀ / sqrt(head_dim)) v over positions 0..p
     attend_layer(l, s.q.data(), s.k.data(), s.v.data(), s.att.data());
-    // xb[n, hidden] = att · Woᵀ ; x += xb
+    // xb[n, hidden] = att · Woᵀ (summed over ranks) ; x += xb
     backend_.matmul(*w.wo, w.bo, s.att.data(), n, s.xb.data());
+    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(xb));
     backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
 
     // --- SwiGLU MLP block ---
@@ -220,13 +368,15 @@ void LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int
                                     {w.w_up, w.b_up, s.up.data()}};
     backend_.matmul_many(s.xb.data(), n, gate_up, 2);
     backend_.silu_mul(s.gate.data(), s.up.data(), n * inter, s.gate.data());
-    // xb[n, hidden] = gate · Wdownᵀ ; x += xb
+    // xb[n, hidden] = gate · Wdownᵀ (summed over ranks) ; x += xb
     backend_.matmul(*w.w_down, w.b_down, s.gate.data(), n, s.xb.data());
+    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(xb));
     backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
   }
+  return Status::Ok();
 }
 
-void LlamaModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
+Status LlamaModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   const int64_t n_out = static_cast<int64_t>(rows.size());
@@ -241,7 +391,36 @@ void LlamaModel::compute_logits(std::span<const int32_t> rows, std::vector<float
   backend_.rms_norm(s.rows.data(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.data());
   // logits[n_out, vocab] = rows_x · lm_headᵀ
   logits->resize(static_cast<size_t>(n_out * c.vocab_size));
-  if (n_out > 0) backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, logits->data());
+  const int n_ranks = comm_->size();
+  if (n_ranks == 1) {
+    if (n_out > 0) backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, logits->data());
+    return Status::Ok();
+  }
+  // Vocab-parallel: local[n_out, vocab_per_rank] (padding columns past the vocabulary
+  // unused), gathered as [n_ranks, n_out, vocab_per_rank], then laid out by vocab id.
+  // Every rank has the same n_out, so all take or skip the collective together.
+  if (n_out == 0) return Status::Ok();
+  const int64_t vl = vocab_per_rank_, mine = vocab_end_ - vocab_begin_;
+  s.local_logits.assign(static_cast<size_t>(n_out * vl), 0.0f);
+  if (mine > 0) {
+    s.gathered.resize(static_cast<size_t>(n_out * mine));
+    backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, s.gathered.data());
+    for (int64_t i = 0; i < n_out; ++i) {
+      std::copy_n(s.gathered.data() + i * mine, mine, s.local_logits.data() + i * vl);
+    }
+  }
+  s.gathered.resize(static_cast<size_t>(n_ranks * n_out * vl));
+  DS_RETURN_IF_ERROR(comm_->all_gather(std::as_bytes(std::span<const float>(s.local_logits)),
+                                       std::as_writable_bytes(std::span<float>(s.gathered))));
+  for (int r = 0; r < n_ranks; ++r) {
+    const int64_t begin = std::min<int64_t>(c.vocab_size, r * vl);
+    const int64_t count = std::min<int64_t>(c.vocab_size, begin + vl) - begin;
+    for (int64_t i = 0; i < n_out && count > 0; ++i) {
+      std::copy_n(s.gathered.data() + (int64_t{r} * n_out + i) * vl, count,
+                  logits->data() + i * c.vocab_size + begin);
+    }
+  }
+  return Status::Ok();
 }
 
 Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
@@ -266,10 +445,10 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int3
                             std::to_string(std::min(max_context_, kv.capacity())) + " tokens");
   }
 
-  run_layers(tokens, positions,
-             [&](int l, const float* q, const float* k, const float* v, float* out) {
-               attend(l, q, k, v, positions, kv, out);
-             });
+  DS_RETURN_IF_ERROR(run_layers(tokens, positions,
+                                [&](int l, const float* q, const float* k, const float* v, float* out) {
+                                  attend(l, q, k, v, positions, kv, out);
+                                }));
   kv.set_n_tokens(end);
 
   std::vector<int32_t>& rows = scratch_.row_ids;
@@ -277,8 +456,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int3
   for (int64_t t = which == LogitsFor::kLast ? n - 1 : 0; t < n; ++t) {
     rows.push_back(static_cast<int32_t>(t));
   }
-  compute_logits(rows, logits);
-  return Status::Ok();
+  return compute_logits(rows, logits);
 }
 
 Status LlamaModel::forward_batch(const ModelBatch& batch, PagedKvCache& cache,
@@ -287,12 +465,11 @@ Status LlamaModel::forward_batch(const ModelBatch& batch, PagedKvCache& cache,
   PagedBatch pb;
   DS_RETURN_IF_ERROR(resolve_paged_batch(batch, config_.vocab_size, max_context_,
                                          cache.n_blocks(), cache.block_size(), &slots, &pb));
-  run_layers(batch.tokens, batch.positions,
-             [&](int l, const float* q, const float* k, const float* v, float* out) {
-               attend_paged(l, q, k, v, pb, slots.data(), cache, out);
-             });
-  compute_logits(batch.logits_rows, logits);
-  return Status::Ok();
+  DS_RETURN_IF_ERROR(run_layers(batch.tokens, batch.positions,
+                                [&](int l, const float* q, const float* k, const float* v, float* out) {
+                                  attend_paged(l, q, k, v, pb, slots.data(), cache, out);
+                                }));
+  return compute_logits(batch.logits_rows, logits);
 }
 
 }  // namespace dserve

@@ -11,6 +11,13 @@
 // that each weight matrix is read once per step; both share one layer loop, and each
 // token's arithmetic does not depend on the other tokens of its batch.
 //
+// Tensor parallelism: given a Communicator of N ranks, each rank keeps its share of the
+// attention heads (KV heads replicated when there are fewer than N), of the MLP's
+// intermediate dimension and of the vocabulary (embedding and lm_head), all-reduces
+// after o_proj, after down_proj and after the embedding lookup, and all-gathers the
+// logits, so every rank returns the full logits. Every rank must make the same calls
+// with the same inputs (see tp_causal_lm.h for the process that keeps them in step).
+//
 // Thread-safety: forward() uses internal scratch buffers; drive one model from one
 // thread (the engine thread). The weights are shared read-only.
 #pragma once
@@ -22,12 +29,14 @@
 
 #include "backend/backend.h"
 #include "base/status.h"
+#include "dist/communicator.h"
 #include "loader/model_files.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/model_batch.h"
 #include "model/paged_kv_cache.h"
 #include "model/rope.h"
+#include "model/tensor_shard.h"
 
 namespace dserve {
 
@@ -42,12 +51,20 @@ class LlamaModel {
   // Takes ownership of the files (the weights stay in their memory maps). The
   // backend must outlive the model. max_context: the longest sequence forward() will
   // see (sizes the RoPE table and new KV caches); 0 means max_position_embeddings.
+  // comm: this rank's tensor-parallel group (must outlive the model); null = one rank.
   static Result<std::unique_ptr<LlamaModel>> load(std::unique_ptr<ModelFiles> files,
-                                                  Backend& backend, int64_t max_context = 0);
+                                                  Backend& backend, int64_t max_context = 0,
+                                                  dist::Communicator* comm = nullptr);
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // This rank's share: config() with n_heads, n_kv_heads and intermediate_size of one
+  // rank (equal to config() on one rank). KV caches are sized from it.
+  const ModelConfig& shard_config() const { return shard_; }
+  // Bytes of weights this rank holds (its shards) and the whole model's.
+  size_t rank_weight_bytes() const { return rank_weight_bytes_; }
+  size_t model_weight_bytes() const { return model_weight_bytes_; }
   const ModelFiles& files() const { return *files_; }
   int64_t max_context() const { return max_context_; }
   // Bytes of weights one decode step reads (every matrix once, the embedding row aside).
@@ -107,10 +124,20 @@ class LlamaModel {
     std::vector<float> rows;       // [n_out, hidden]  rows selected for logits
     std::vector<int64_t> slots;    // [n] paged cache slots of the batch's tokens
     std::vector<int32_t> row_ids;  // [n_out]
+    // Tensor parallel only:
+    std::vector<int32_t> embed_ids;    // [k] local ids of the tokens in this rank's vocab
+    std::vector<int32_t> embed_at;     // [k] their positions in the batch
+    std::vector<float> embed_rows;     // [k, hidden]
+    std::vector<float> local_logits;   // [n_out, vocab_per_rank]
+    std::vector<float> gathered;       // [n_ranks, n_out, vocab_per_rank]
   };
 
   LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config);
   Status bind_weights();
+  // Replaces the bound full tensors by this rank's shards (tensor parallel).
+  Status shard_weights();
+  // x[n, hidden] = embedding rows of tokens (vocab-parallel: gathered by all-reduce).
+  Status embed(std::span<const int32_t> tokens, float* x);
 
   // The attention seam: stores this batch's keys and values for `layer` and attends
   // q over every position so far. The only code that knows the KV layout.
@@ -126,15 +153,22 @@ class LlamaModel {
   // positions[n] into scratch_.x [n, hidden] and runs every layer, calling
   // attend_layer(layer, q, k, v, out) for the attention.
   template <typename AttendFn>
-  void run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+  Status run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                   AttendFn&& attend_layer);
   // logits [rows.size(), vocab] from scratch_.x rows `rows` (final norm, lm_head).
-  void compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
+  Status compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
   Status check_tokens(std::span<const int32_t> tokens) const;
 
   std::unique_ptr<ModelFiles> files_;
   Backend& backend_;
   const ModelConfig config_;
+  ModelConfig shard_;  // this rank's share of config_
+  std::unique_ptr<dist::Communicator> own_comm_;  // the single-rank group when none is given
+  dist::Communicator* comm_ = nullptr;            // never null after load()
+  // This rank's vocabulary rows [vocab_begin_, vocab_end_) of vocab_per_rank_ (padded).
+  int64_t vocab_begin_ = 0, vocab_end_ = 0, vocab_per_rank_ = 0;
+  TensorShards shards_;
+  size_t rank_weight_bytes_ = 0, model_weight_bytes_ = 0;
   int64_t max_context_ = 0;
   bool rope_pairs_interleaved_ = false;
   std::unique_ptr<RopeCache> rope_;

@@ -184,8 +184,8 @@ HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMe
     Reply r = serving.models();
     send_json(res, r.status, r.body);
   });
-  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.status = 200;
+  svr.Get("/health", [&serving](const httplib::Request&, httplib::Response& res) {
+    res.status = serving.healthy() ? 200 : 503;
     res.set_content("", "text/plain");
   });
   svr.Get("/version", [](const httplib::Request&, httplib::Response& res) {

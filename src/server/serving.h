@@ -60,6 +60,8 @@ class OpenAiServing {
  public:
   // `render_chat` may be empty (then chat requests fail with a clear error).
   OpenAiServing(AsyncLlm& llm, ChatRenderer render_chat, ServingConfig config);
+  // The engine can still serve (GET /health).
+  bool healthy() const { return llm_.healthy(); }
   ~OpenAiServing();
 
   Reply completions(const nlohmann::ordered_json& body) const;

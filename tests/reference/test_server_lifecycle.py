@@ -29,7 +29,10 @@ def test_help_lists_every_flag(dserve_bin):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--tensor-parallel-size", "2"], "not built yet"),
+    # The default model's 9 heads do not split over 2 ranks (tensor parallelism itself:
+    # test_tensor_parallel.py).
+    (["--tensor-parallel-size", "2", "--master-port", str(server_util.free_port())],
+     "--tensor-parallel-size 2: does not divide the model's 9 attention heads"),
     (["--pipeline-parallel-size", "2"], "not built yet"),
     (["--data-parallel-size", "2"], "not built yet"),
     (["--enable-expert-parallel"], "not built yet"),

@@ -1,0 +1,286 @@
+"""Tensor parallelism: one model split over 2-4 rank processes on this machine, talking
+over gloo on localhost, against transformers and against the same model on one rank.
+
+- Tiny random Llama and Qwen2 checkpoints in F32 (the fixtures of
+  test_llama_reference.py: KV heads split, and replicated where there are fewer KV heads
+  than ranks; Qwen2 q/k/v biases; tied and untied embeddings): per-position
+  log-probabilities within 1e-3 of transformers and of TP = 1, identical greedy
+  continuations.
+- The default model (Q4_1 GGUF, 9 heads, so TP = 3): greedy ids equal to TP = 1 up to
+  the first near-tie of the transformers reference (test_smollm2_reference.py).
+- Each rank's weights are about 1/N of the model's (the start-up log line).
+- Bad input and faults: a size that does not divide the heads, a port in use, a rank
+  that never arrives, ranks started with different models, a rank killed mid-run: one
+  clear error each, a non-zero exit, no hang.
+"""
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import run
+from test_llama_reference import CASES, GEN_LEN, PROMPT_LEN, VOCAB, _fixture
+from test_smollm2_reference import TIE_MARGIN, reference  # noqa: F401 (fixture)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tp_args(n):
+    return ["--tensor-parallel-size", n, "--master-port", free_port(), "--threads", 1,
+            "--distributed-timeout", 60]
+
+
+def logprobs(dserve_bin, model_dir, prompt, tmp_path, n, extra=()):
+    ids = tmp_path / "ids.txt"
+    ids.write_text(",".join(map(str, prompt)))
+    out = tmp_path / f"logprobs-tp{n}.json"
+    r = run([dserve_bin, "perplexity", "--model", model_dir, "--token-ids", ids,
+             "--logprobs-out", out, *tp_args(n), *extra], timeout=300)
+    rows = json.loads(out.read_text())["scored"]
+    assert [x["position"] for x in rows] == list(range(1, PROMPT_LEN))
+    return [x["logprob"] for x in rows], r
+
+
+def greedy(dserve_bin, model_dir, prompt, n, max_tokens=GEN_LEN):
+    r = run([dserve_bin, "generate", "--model", model_dir, "--prompt-ids",
+             ",".join(map(str, prompt)), "--max-tokens", max_tokens, "--temperature", 0,
+             "--print-ids", "--ignore-eos", *tp_args(n)], timeout=300)
+    return [int(x) for x in r.stdout.strip().split(",")]
+
+
+# (case, TP size): 4 heads / 2 KV heads split; 1 KV head replicated, with biases;
+# Qwen2 tied with YaRN; 8 heads / 2 KV heads at TP = 4 (KV heads replicated in pairs).
+TP_CASES = [("llama-f32-untied", 2), ("llama-f32-linear-bias", 2), ("qwen2-f32-tied-yarn", 2),
+            ("llama-f32-tied-llama3", 4), ("qwen2-f32-untied", 4)]
+
+
+@pytest.mark.parametrize("name,n", TP_CASES, ids=[f"{c}-tp{n}" for c, n in TP_CASES])
+def test_tiny_f32_against_transformers_and_one_rank(name, n, dserve_bin, tmp_path):
+    case = next(c for c in CASES if c["name"] == name)
+    model_dir, ref = _fixture(case)
+    prompt = ref["prompt"]
+    want = ref["native"]
+    one, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, 1)
+    split, r = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--log-level", "info"])
+    worst_ref = max(abs(a - b) for a, b in zip(split, want["logprobs"]))
+    worst_one = max(abs(a - b) for a, b in zip(split, one))
+    assert worst_ref < 1e-3, f"TP={n}: max |log-prob - transformers| {worst_ref:.2e}"
+    assert worst_one < 1e-3, f"TP={n}: max |log-prob - TP=1| {worst_one:.2e}"
+    assert greedy(dserve_bin, model_dir, prompt, n) == want["greedy"]
+
+    # Every rank logs the bytes of weights it holds: 1/N of the model, except the norms
+    # (replicated) and the KV projections where there are fewer KV heads than ranks.
+    shares = re.findall(r"tensor parallel rank (\d+)/(\d+): weights (\d+) of (\d+) bytes", r.stderr)
+    assert sorted(int(s[0]) for s in shares) == list(range(n)), r.stderr[-2000:]
+    total_params = _n_params(model_dir)
+    for rank, size, mine, total in shares:
+        assert int(size) == n and int(total) == 4 * total_params
+        assert int(mine) == 4 * _params_per_rank(case, n, int(rank)), (rank, mine, total)
+
+
+def _n_params(model_dir):
+    """Parameters stored in the checkpoint (read with the safetensors package)."""
+    from safetensors import safe_open
+    with safe_open(model_dir / "model.safetensors", framework="pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def _params_per_rank(case, n, rank):
+    """Parameters rank `rank` of n holds: heads, FFN and vocabulary split n ways; KV heads
+    split, or one per rank when there are fewer than n; norms whole; the output biases
+    (o_proj with attention_bias) on rank 0 only."""
+    h, heads, kv = case["hidden"], case["heads"], case["kv_heads"]
+    hd = h // heads
+    kv_rank = kv // n if kv >= n else 1
+    vocab_rank = min(VOCAB, (rank + 1) * -(-VOCAB // n)) - min(VOCAB, rank * -(-VOCAB // n))
+    bias = case.get("attention_bias", False) or case["arch"] == "qwen2"
+    per_layer = (heads // n * hd * h * 2 + kv_rank * hd * h * 2 + 3 * case["ffn"] // n * h + 2 * h)
+    if bias:
+        per_layer += heads // n * hd + 2 * kv_rank * hd
+    if case.get("attention_bias", False) and rank == 0:
+        per_layer += h  # o_proj bias
+    embed = vocab_rank * h
+    return case["layers"] * per_layer + embed * (1 if case["tied"] else 2) + h
+
+
+def test_default_model_greedy_equals_one_rank(reference, dserve_bin, default_model):  # noqa: F811
+    ref = reference["prompts"][0]
+    one = greedy(dserve_bin, default_model, ref["ids"], 1, 32)
+    split = greedy(dserve_bin, default_model, ref["ids"], 3, 32)
+    ties = [i for i, m in enumerate(ref["margins"][:32]) if m < TIE_MARGIN]
+    k = ties[0] if ties else 32
+    assert split[:k] == one[:k], f"compared {k} tokens; reference near-ties at {ties[:5]}"
+
+
+def run_fail(args, timeout=60):
+    t0 = time.monotonic()
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def test_size_not_dividing_heads_is_refused(dserve_bin):
+    model_dir, ref = _fixture(next(c for c in CASES if c["name"] == "llama-f32-untied"))
+    r, _ = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                     "--max-tokens", 2, "--print-ids", *tp_args(3)])
+    assert r.returncode != 0
+    assert "--tensor-parallel-size 3: does not divide the model's 4 attention heads" in r.stderr
+
+
+def test_deepseek_is_refused_until_built(dserve_bin):
+    import test_deepseek_reference as ds
+    model_dir = ds._fixture(ds._case("v2-lite-yarn"))
+    model_dir = model_dir[0] if isinstance(model_dir, tuple) else model_dir
+    r, _ = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                     "--max-tokens", 2, "--print-ids", *tp_args(2)])
+    assert r.returncode != 0
+    assert "tensor parallelism is not built yet for DeepSeek" in r.stderr
+
+
+def test_port_in_use_is_refused(dserve_bin):
+    model_dir, _ = _fixture(CASES[0])
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r, _ = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                         "--max-tokens", 2, "--print-ids", "--tensor-parallel-size", 2,
+                         "--master-port", port])
+    assert r.returncode != 0
+    assert f"rendezvous port 0.0.0.0:{port} is already in use" in r.stderr
+
+
+def test_missing_rank_times_out_with_its_number(dserve_bin):
+    model_dir, _ = _fixture(CASES[0])
+    port = free_port()
+    # Node 0 of 2 starts rank 0; node 1 (rank 1) never comes.
+    r, took = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
+                        "--max-tokens", 2, "--print-ids", "--tensor-parallel-size", 2,
+                        "--nnodes", 2, "--node-rank", 0, "--master-port", port,
+                        "--distributed-timeout", 2])
+    assert r.returncode != 0
+    assert f"rank(s) 1 of 2 did not join the rendezvous at 127.0.0.1:{port} within 2 s" in r.stderr
+    assert took < 30
+
+
+def test_ranks_with_different_models_are_refused(dserve_bin):
+    a, _ = _fixture(CASES[0])
+    b, _ = _fixture(CASES[2])
+    port = free_port()
+    common = ["--prompt-ids", "1,2,3", "--max-tokens", 2, "--print-ids",
+              "--tensor-parallel-size", 2, "--nnodes", 2, "--master-port", port,
+              "--distributed-timeout", 20]
+    p0 = subprocess.Popen([str(x) for x in [dserve_bin, "generate", "--model", a, *common,
+                                            "--node-rank", 0]],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p1 = subprocess.Popen([str(x) for x in [dserve_bin, "generate", "--model", b, *common,
+                                            "--node-rank", 1, "--master-addr", "127.0.0.1"]],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err0 = p0.communicate(timeout=60)
+    _, err1 = p1.communicate(timeout=60)
+    assert p0.returncode != 0 and p1.returncode != 0
+    for err in (err0, err1):
+        assert "was started with a different configuration than rank 0" in err, err
+
+
+def test_killed_rank_ends_every_rank_with_an_error(dserve_bin, default_model):
+    # A long generation on the default model at TP = 3; one worker is killed mid-run.
+    p = subprocess.Popen([str(x) for x in [dserve_bin, "generate", "--model", default_model,
+                                           "--prompt", "Tell me a long story.",
+                                           "--max-tokens", 100000, "--ignore-eos",
+                                           "--temperature", 0, *tp_args(3)]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = []
+    deadline = time.monotonic() + 60
+    while len(children) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                children = [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            break
+    assert len(children) == 2, "the launcher did not start two worker ranks"
+    # Wait until tokens flow (the model is loaded and the ranks are in step).
+    os.set_blocking(p.stdout.fileno(), False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not p.stdout.read(1):
+        time.sleep(0.1)
+    os.kill(children[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    _, err = p.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert p.returncode != 0
+    assert "failed" in err and "rank" in err, err[-2000:]
+    # The surviving worker exits too (it dies with rank 0 at the latest).
+    time.sleep(1)
+    assert not os.path.exists(f"/proc/{children[0]}") or \
+        open(f"/proc/{children[0]}/stat").read().split()[2] == "Z"
+
+
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def test_serve_tp3_batch_invariant_then_killed_rank(dserve_bin, default_model, tmp_path):
+    """`dserve serve --tensor-parallel-size 3` through the openai SDK: a request's greedy
+    text is the same alone and in a batch of four, and the same as TP = 1's `generate`.
+    Then a worker rank is killed mid-stream: the stream ends with an error within 10 s,
+    /health answers 503, and the server exits non-zero naming the rank."""
+    import concurrent.futures
+    import openai
+    import server_util
+
+    prompts = ["The ocean is", "Name three colours:", "Once upon a time", "def add(a, b):"]
+    server = server_util.start(dserve_bin, default_model, "--tensor-parallel-size", 3,
+                               "--threads", 1, "--master-port", free_port(),
+                               "--max-num-seqs", 8, log_path=tmp_path / "serve.log")
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+        model = str(default_model)
+
+        def complete(p):
+            return client.completions.create(model=model, prompt=p, max_tokens=12,
+                                             temperature=0).choices[0].text
+
+        alone = [complete(p) for p in prompts]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            batched = list(pool.map(complete, prompts))
+        assert batched == alone
+        one_rank = run([dserve_bin, "generate", "--model", default_model, "--prompt", prompts[0],
+                        "--max-tokens", 12, "--temperature", 0, "--threads", 1]).stdout
+        assert one_rank.rstrip("\n") == alone[0], (one_rank, alone[0])
+
+        workers = _children(server.proc.pid)
+        assert len(workers) == 2
+        stream = client.completions.create(model=model, prompt="Tell me a long story.",
+                                           max_tokens=3000, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        next(iter(stream))  # tokens flow
+        os.kill(workers[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIError) as err:
+            for _ in stream:
+                pass
+        assert time.monotonic() - t0 < 10
+        assert "was killed by signal 9" in str(err.value), str(err.value)
+        status, _ = server.get("/health", timeout=5)
+        assert status == 503
+        server.proc.wait(timeout=30)
+        assert server.proc.returncode != 0
+        assert "the engine failed" in server.log()
+        time.sleep(1)
+        for pid in workers:
+            assert not os.path.exists(f"/proc/{pid}") or \
+                open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"rank pid {pid} still runs"
+    finally:
+        server_util.stop(server)

@@ -1,0 +1,299 @@
+// The gloo Communicator with its ranks as real processes on localhost (fork): each
+// collective's result is checked against the value computed directly from every
+// rank's input, and a missing rank, a dead rank, a port in use and a mismatched
+// configuration each end in one clear error instead of a hang.
+#include "dist/gloo_communicator.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dserve::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A port nobody listens on right now (the kernel's pick for an ephemeral bind).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// What each forked rank reports back through shared memory.
+struct RankReport {
+  int exit_code;
+  char message[2048];
+};
+
+using RankBody = std::function<int(int rank, RankReport* report)>;
+
+// Forks one process per listed rank, runs `body` in each and waits for all of them
+// (killing any still alive after `limit`, which the caller sees as exit code -9).
+std::vector<RankReport> run_ranks(const std::vector<int>& ranks, const RankBody& body,
+                                  std::chrono::seconds limit = 60s) {
+  const size_t n = ranks.size();
+  void* mem = ::mmap(nullptr, sizeof(RankReport) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  auto* reports = static_cast<RankReport*>(mem);
+  std::memset(reports, 0, sizeof(RankReport) * n);
+  std::vector<pid_t> pids;
+  for (size_t i = 0; i < n; ++i) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = body(ranks[i], &reports[i]);
+      reports[i].exit_code = code;
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<int> codes(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    int status = 0;
+    for (;;) {
+      pid_t done = ::waitpid(pids[i], &status, WNOHANG);
+      if (done == pids[i]) break;
+      if (std::chrono::steady_clock::now() >= deadline) ::kill(pids[i], SIGKILL);
+      std::this_thread::sleep_for(10ms);
+    }
+    codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+  std::vector<RankReport> out(reports, reports + n);
+  for (size_t i = 0; i < n; ++i) out[i].exit_code = codes[i];
+  ::munmap(mem, sizeof(RankReport) * n);
+  return out;
+}
+
+void report_error(RankReport* report, const Status& s) {
+  std::snprintf(report->message, sizeof report->message, "%s", s.message().c_str());
+}
+
+GroupOptions options_for(int rank, int world, int port, std::chrono::milliseconds timeout = 20s) {
+  GroupOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  o.timeout = timeout;
+  o.fingerprint = "model=tiny tp=" + std::to_string(world);
+  return o;
+}
+
+// Deterministic, rank-dependent inputs that are not exactly representable sums, so
+// the order of additions shows in the low bits.
+float input_value(int rank, size_t i) { return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i) / 7.0f; }
+
+int check_collectives(int rank, int world, int port, RankReport* report) {
+  auto comm_or = connect_gloo(options_for(rank, world, port));
+  if (!comm_or.ok()) {
+    report_error(report, comm_or.status());
+    return 2;
+  }
+  Communicator& comm = **comm_or;
+  if (comm.rank() != rank || comm.size() != world) return 3;
+
+  // all_reduce_sum: exactly ((x0 + x1) + x2) + ... on every rank.
+  const size_t n = 1000;
+  std::vector<float> data(n);
+  for (size_t i = 0; i < n; ++i) data[i] = input_value(rank, i);
+  if (!comm.all_reduce_sum(data).ok()) return 4;
+  for (size_t i = 0; i < n; ++i) {
+    float expect = input_value(0, i);
+    for (int r = 1; r < world; ++r) expect += input_value(r, i);
+    if (std::memcmp(&expect, &data[i], sizeof expect) != 0) {
+      std::snprintf(report->message, sizeof report->message, "all_reduce[%zu] = %.9g, expected %.9g", i, data[i], expect);
+      return 5;
+    }
+  }
+
+  // all_gather of 3 ints per rank.
+  std::vector<int32_t> mine = {rank, rank * 10, rank * 100};
+  std::vector<int32_t> all(3 * static_cast<size_t>(world));
+  if (!comm.all_gather(std::as_bytes(std::span<const int32_t>(mine)), std::as_writable_bytes(std::span<int32_t>(all))).ok()) return 6;
+  for (int r = 0; r < world; ++r) {
+    if (all[3 * r] != r || all[3 * r + 1] != r * 10 || all[3 * r + 2] != r * 100) return 7;
+  }
+
+  // broadcast from the last rank.
+  std::vector<int64_t> b = {rank == world - 1 ? 4242 : -1, rank == world - 1 ? 77 : -1};
+  if (!comm.broadcast(std::as_writable_bytes(std::span<int64_t>(b)), world - 1).ok()) return 8;
+  if (b[0] != 4242 || b[1] != 77) return 9;
+
+  if (!comm.barrier().ok()) return 10;
+
+  // all_to_all: element j of rank r's input (one per destination) is r * 100 + j.
+  std::vector<int32_t> send(world), recv(world);
+  for (int j = 0; j < world; ++j) send[j] = rank * 100 + j;
+  if (!comm.all_to_all(std::as_bytes(std::span<const int32_t>(send)), std::as_writable_bytes(std::span<int32_t>(recv))).ok()) return 11;
+  for (int r = 0; r < world; ++r) {
+    if (recv[r] != r * 100 + rank) return 12;
+  }
+
+  // all_to_all_v: rank r sends (r + j + 1) bytes of value r to rank j.
+  std::vector<int64_t> in_counts(world), out_counts(world);
+  std::vector<std::byte> vin, vout;
+  for (int j = 0; j < world; ++j) {
+    in_counts[j] = rank + j + 1;
+    out_counts[j] = j + rank + 1;
+    vin.insert(vin.end(), static_cast<size_t>(in_counts[j]), std::byte(rank));
+  }
+  size_t total_out = 0;
+  for (int64_t c : out_counts) total_out += static_cast<size_t>(c);
+  vout.assign(total_out, std::byte(0xff));
+  if (!comm.all_to_all_v(vin, in_counts, vout, out_counts).ok()) return 13;
+  size_t at = 0;
+  for (int j = 0; j < world; ++j) {
+    for (int64_t k = 0; k < out_counts[j]; ++k) {
+      if (vout[at++] != std::byte(j)) return 14;
+    }
+  }
+  return 0;
+}
+
+TEST(SingleRankCommunicator, IsTheIdentity) {
+  auto comm = make_single_rank_communicator();
+  std::vector<float> v = {1.5f, -2.0f};
+  ASSERT_TRUE(comm->all_reduce_sum(v).ok());
+  EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f}));
+  std::vector<float> out(2);
+  ASSERT_TRUE(comm->all_gather(std::as_bytes(std::span<const float>(v)), std::as_writable_bytes(std::span<float>(out))).ok());
+  EXPECT_EQ(out, v);
+  EXPECT_FALSE(comm->broadcast({}, 1).ok());
+}
+
+class GlooGroup : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooGroup, CollectivesMatchDirectComputation) {
+  const int world = GetParam();
+  const int port = free_port();
+  std::vector<int> ranks(world);
+  for (int r = 0; r < world; ++r) ranks[r] = r;
+  auto reports = run_ranks(ranks, [&](int rank, RankReport* rep) { return check_collectives(rank, world, port, rep); });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(reports[r].exit_code, 0) << "rank " << r << ": " << reports[r].message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GlooGroup, ::testing::Values(2, 3, 4));
+
+TEST(GlooRendezvous, MissingRankIsNamedAfterTheTimeout) {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  // Ranks 0 and 1 of 3 start; rank 2 never comes.
+  auto reports = run_ranks({0, 1}, [&](int rank, RankReport* rep) {
+    auto comm = connect_gloo(options_for(rank, 3, port, 1500ms));
+    if (comm.ok()) return 0;
+    report_error(rep, comm.status());
+    return 1;
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  for (const auto& r : reports) {
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(std::string(r.message).find("rank(s) 2 of 3 did not join the rendezvous at 127.0.0.1:" +
+                                          std::to_string(port)), std::string::npos) << r.message;
+  }
+}
+
+TEST(GlooRendezvous, NoRankZeroIsAClearErrorOnTheOthers) {
+  const int port = free_port();
+  auto reports = run_ranks({1}, [&](int rank, RankReport* rep) {
+    auto comm = connect_gloo(options_for(rank, 2, port, 1000ms));
+    if (comm.ok()) return 0;
+    report_error(rep, comm.status());
+    return 1;
+  });
+  EXPECT_EQ(reports[0].exit_code, 1);
+  EXPECT_NE(std::string(reports[0].message).find("could not reach rank 0's rendezvous at 127.0.0.1"), std::string::npos)
+      << reports[0].message;
+}
+
+TEST(GlooRendezvous, DeadRankFailsTheNextCollectiveWithoutHanging) {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  auto reports = run_ranks({0, 1}, [&](int rank, RankReport* rep) {
+    auto comm = connect_gloo(options_for(rank, 2, port, 30s));
+    if (!comm.ok()) {
+      report_error(rep, comm.status());
+      return 2;
+    }
+    if (rank == 1) ::_exit(0);  // dies without a word, as a crashed rank would
+    std::vector<float> v(64, 1.0f);
+    Status s = (*comm)->all_reduce_sum(v);
+    if (s.ok()) return 3;
+    report_error(rep, s);
+    // Broken for good: the next call fails at once with the same error.
+    return (*comm)->barrier().ok() ? 4 : 1;
+  });
+  // Well inside the 30 s collective timeout: a closed socket is noticed at once.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  EXPECT_EQ(reports[0].exit_code, 1) << reports[0].message;
+  EXPECT_NE(std::string(reports[0].message).find("rank 0: all_gather failed"), std::string::npos) << reports[0].message;
+  EXPECT_NE(std::string(reports[0].message).find("rank 1 "), std::string::npos) << reports[0].message;
+}
+
+TEST(GlooRendezvous, MismatchedConfigurationIsRefusedOnEveryRank) {
+  const int port = free_port();
+  auto reports = run_ranks({0, 1}, [&](int rank, RankReport* rep) {
+    GroupOptions o = options_for(rank, 2, port, 10s);
+    if (rank == 1) o.fingerprint = "model=other tp=2";
+    auto comm = connect_gloo(std::move(o));
+    if (comm.ok()) return 0;
+    report_error(rep, comm.status());
+    return 1;
+  });
+  for (const auto& r : reports) {
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(std::string(r.message).find("rank 1 ("), std::string::npos) << r.message;
+    EXPECT_NE(std::string(r.message).find("different configuration"), std::string::npos) << r.message;
+  }
+}
+
+TEST(GlooRendezvous, PortInUseIsAClearError) {
+  auto first = TcpStoreServer::start("", 0);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto second = TcpStoreServer::start("", (*first)->port());
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("already in use"), std::string::npos) << second.status().message();
+}
+
+TEST(TcpStore, MalformedClientIsDroppedAndOthersStillServed) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const char junk[] = "S\xff\xff\xff\xffgarbage";  // a key length past the cap
+    ASSERT_GT(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), 0);
+    ::close(fd);
+  }
+  auto client = TcpStore::connect("127.0.0.1", port, 2s);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->try_set("k", "v").ok());
+  auto v = (*client)->try_get("k");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, "v");
+  EXPECT_EQ((*client)->try_get("absent").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace dserve::dist
