@@ -83,8 +83,13 @@ build-tsan: deps
 # unpacked into the cache instead (only its pkg-config file and .so link differ).
 ARM64_TOOL_PACKAGES := g++-aarch64-linux-gnu qemu-user
 ARM64_LIB_PACKAGES := libspdlog-dev:arm64 libfmt-dev:arm64 libonig5:arm64 libicu-dev:arm64 \
-	libgtest-dev:arm64 libgmock-dev:arm64 libcpp-httplib-dev:arm64 libcurl4-openssl-dev:arm64
+	libgtest-dev:arm64 libgmock-dev:arm64 libcpp-httplib-dev:arm64 libcurl4-openssl-dev:arm64 \
+	libssl-dev:arm64 libnuma-dev:arm64 libhiredis0.14:arm64 libibverbs1:arm64
 ARM64_ONIG := $(DSERVE_CACHE)/arm64/libonig-dev
+# gloo installs into /usr/lib and /usr/share/cmake, not per architecture, so its arm64
+# packages cannot sit beside the amd64 ones either: unpacked into the cache, with the
+# library path in its CMake export pointed there.
+ARM64_GLOO := $(DSERVE_CACHE)/arm64/gloo
 HOST_ARCH := $(shell uname -m)
 
 deps-arm64: deps
@@ -105,13 +110,21 @@ deps-arm64: deps
 	    -e 's|^includedir=.*|includedir=$(ARM64_ONIG)/usr/include|' \
 	    $(ARM64_ONIG)/usr/lib/aarch64-linux-gnu/pkgconfig/oniguruma.pc; \
 	fi
+	@if [ ! -f $(ARM64_GLOO)/usr/share/cmake/Gloo/GlooConfig.cmake ]; then \
+	  set -e; rm -rf $(ARM64_GLOO); mkdir -p $(ARM64_GLOO)/deb; \
+	  (cd $(ARM64_GLOO)/deb && apt-get download -qq libgloo-dev:arm64 libgloo0:arm64 2>/dev/null); \
+	  for d in $(ARM64_GLOO)/deb/*.deb; do dpkg-deb -x $$d $(ARM64_GLOO); done; \
+	  sed -i 's|"/usr/lib/libgloo|"$(ARM64_GLOO)/usr/lib/libgloo|' \
+	    $(ARM64_GLOO)/usr/share/cmake/Gloo/GlooTargets-*.cmake; \
+	fi
 
 # dserve and the C++ tests for aarch64 (no micro-benchmarks); ctest in $(ARM64_BUILD)
 # runs them under qemu (tools/qemu_arm64.sh).
 build-arm64: deps-arm64
 	PKG_CONFIG_PATH=$(ARM64_ONIG)/usr/lib/aarch64-linux-gnu/pkgconfig \
 	  cmake -S . -B $(ARM64_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DDSERVE_BUILD_BENCH=OFF >/dev/null
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DDSERVE_BUILD_BENCH=OFF \
+	  -DGloo_DIR=$(ARM64_GLOO)/usr/share/cmake/Gloo >/dev/null
 	cmake --build $(ARM64_BUILD) -j $(JOBS)
 
 run: setup build
