@@ -184,6 +184,10 @@ HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMe
     Reply r = serving.models();
     send_json(res, r.status, r.body);
   });
+  svr.Get("/tokenizer_info", [&serving](const httplib::Request&, httplib::Response& res) {
+    Reply r = serving.tokenizer_info();
+    send_json(res, r.status, r.body);
+  });
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.status = 200;
     res.set_content("", "text/plain");

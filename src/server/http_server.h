@@ -1,7 +1,7 @@
 // HttpServer: dserve's OpenAI-compatible HTTP front end (cpp-httplib, one thread per
 // connection from a pool large enough for hundreds of concurrent streams, keep-alive).
 // Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize;
-// GET /v1/models, /health, /metrics, /version. With an API key, every /v1 route needs
+// GET /v1/models, /health, /metrics, /version, /tokenizer_info. With an API key, every /v1 route needs
 // `Authorization: Bearer KEY` (compared in constant time) and answers 401 otherwise.
 // Errors of every kind (bad JSON, body over the size limit, unknown route) come back
 // in OpenAI's error shape. One access-log line per request at info level.
