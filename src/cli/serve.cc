@@ -11,9 +11,11 @@
 #include <thread>
 
 #include "base/log.h"
+#include "base/log_format.h"
 #include "chat/chat_template.h"
 #include "chat/chat_template_source.h"
 #include "dserve/async_llm.h"
+#include "server/audit_log.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/serving.h"
@@ -86,6 +88,11 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
                 "expert parallelism (not built yet)");
   cmd->add_option("--threads", o->common.n_threads, "worker threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--audit-log", o->audit_log,
+                  "append one JSON line per request (hashes of input and output, key id, "
+                  "client, tokens, status, latency) to FILE");
+  cmd->add_option("--log-format", o->log_format, "text, or json: one JSON object per log line")
+      ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--log-level", o->common.log_level, "debug, info, warning or error")
       ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
@@ -164,7 +171,14 @@ int run_serve(ServeOptions o) {
       o.api_key = k;
     }
   }
+  if (!set_log_format(o.log_format)) return report_error(invalid_argument("--log-format " + o.log_format));
   if (Status s = check_unbuilt(o); !s.ok()) return report_error(s);
+  std::unique_ptr<server::AuditLog> audit_log;
+  if (!o.audit_log.empty()) {
+    Result<std::unique_ptr<server::AuditLog>> a = server::AuditLog::open(o.audit_log);
+    if (!a.ok()) return report_error(a.status());
+    audit_log = std::move(a).value();
+  }
   const std::string model_path = o.common.model.empty() ? default_model_path() : o.common.model;
   if (o.served_model_name.empty()) o.served_model_name.push_back(model_path);
 
@@ -221,6 +235,7 @@ int run_serve(ServeOptions o) {
   hc.api_key = o.api_key;
   hc.max_body_bytes = o.max_body_bytes;
   hc.n_http_threads = std::max(512, 2 * o.max_num_seqs);
+  hc.audit_log = audit_log.get();
   server::HttpServer http(hc, serving, metrics);
 
   AsyncLlm& engine = **async;

@@ -300,6 +300,7 @@ class OpenAiServing::Stream : public EventStream {
   }
   bool done() const override { return done_; }
   void cancel() override { job_->cancel(); }
+  json usage() const override { return job_->usage(); }
   // Events to send before any output (the echoed prompt).
   void set_prefix(std::string events) { prefix_ = std::move(events); }
 

@@ -35,6 +35,8 @@ class EventStream {
   virtual bool done() const = 0;
   // The client went away: aborts every unfinished choice (their KV blocks are freed).
   virtual void cancel() = 0;
+  // The response's token counts so far ({prompt_tokens, completion_tokens, ...}).
+  virtual nlohmann::ordered_json usage() const = 0;
 };
 
 struct Reply {
