@@ -22,7 +22,7 @@ PORT ?= 8000
 SERVED_NAME ?= SmolLM2-135M-Instruct
 PROMPT ?= The three most useful things to know about the ocean are
 
-APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev \
+APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev libssl-dev \
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
 	libcpp-httplib-dev libcurl4-openssl-dev libgloo-dev libnuma-dev
 

@@ -66,6 +66,9 @@ class EngineObserver {
   virtual ~EngineObserver() = default;
   // After every step (and after requests were added or aborted).
   virtual void on_stats(const EngineStats& stats) {}
+  // Per request and step that produced tokens: its prompt length on its first token
+  // (prefill done, else 0) and the tokens generated, as vLLM counts them.
+  virtual void on_tokens(int64_t n_prompt_tokens, int64_t n_generated_tokens) {}
   virtual void on_first_token(double seconds_since_arrival) {}
   virtual void on_inter_token(double seconds) {}
   // finish_reason: "stop", "length", "abort" or "error".

@@ -65,7 +65,7 @@ struct Prompt {
 
 struct CompletionOutput {
   std::vector<int32_t> prompt_ids;
-  std::vector<int32_t> token_ids;      // generated, without a final stop id
+  std::vector<int32_t> token_ids;      // generated, a final stop id included (as vLLM)
   std::string text;                    // decoded (empty without a tokenizer)
   std::string finish_reason;           // "stop", "length" or "abort"
   std::vector<SampleResult> logprobs;  // with SamplingOptions::logprobs, per token

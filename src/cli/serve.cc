@@ -12,9 +12,11 @@
 #include <thread>
 
 #include "base/log.h"
+#include "base/log_format.h"
 #include "chat/chat_template.h"
 #include "chat/chat_template_source.h"
 #include "dserve/async_llm.h"
+#include "server/audit_log.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/serving.h"
@@ -31,7 +33,15 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   cmd->add_option("--port", o->port, "port to listen on")->capture_default_str()
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->api_key,
-                  "require `Authorization: Bearer KEY` on /v1 routes (also $DSERVE_API_KEY)");
+                  "require `Authorization: Bearer KEY` on /v1 routes (also $DSERVE_API_KEY)")
+      ->check(CLI::Validator(
+          [](std::string& key) -> std::string {
+            // An empty key would turn authentication off without a word.
+            return key.empty() ? "the API key must not be empty (leave --api-key out to "
+                                 "serve without authentication)"
+                               : "";
+          },
+          "non-empty"));
   cmd->add_option("--served-model-name", o->served_model_name,
                   "model name(s) clients use; the first is reported (default: the model path)");
   cmd->add_option("--max-model-len", o->max_model_len,
@@ -78,6 +88,11 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
                 "expert parallelism (not built yet)");
   cmd->add_option("--threads", o->common.n_threads, "worker threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--audit-log", o->audit_log,
+                  "append one JSON line per request (hashes of input and output, key id, "
+                  "client, tokens, status, latency) to FILE");
+  cmd->add_option("--log-format", o->log_format, "text, or json: one JSON object per log line")
+      ->capture_default_str()->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--log-level", o->common.log_level, "debug, info, warning or error")
       ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
@@ -109,9 +124,11 @@ Status check_unbuilt(const ServeOptions& o) {
   return Status::Ok();
 }
 
-// --chat-template: a file, else the template text itself (as vLLM).
+// --chat-template: a file, else the template text itself (as vLLM). *used gets the
+// template and special tokens in effect (for /tokenizer_info).
 Result<std::unique_ptr<chat::ChatTemplate>> load_chat_template(const ServeOptions& o,
-                                                               const std::string& model_path) {
+                                                               const std::string& model_path,
+                                                               chat::ChatTemplateSource* used) {
   Result<chat::ChatTemplateSource> found = chat::find_chat_template(model_path);
   chat::ChatTemplateSource src;
   if (found.ok()) src = std::move(found).value();
@@ -128,6 +145,7 @@ Result<std::unique_ptr<chat::ChatTemplate>> load_chat_template(const ServeOption
       return not_found("--chat-template " + o.chat_template + ": no such file");
     }
   }
+  *used = src;
   if (src.source.empty()) {
     DS_LOG_WARN("{}: no chat template ({}); /v1/chat/completions needs --chat-template",
                 model_path, found.ok() ? "empty" : found.status().message());
@@ -143,9 +161,23 @@ Result<std::unique_ptr<chat::ChatTemplate>> load_chat_template(const ServeOption
 
 int run_serve(ServeOptions o) {
   if (o.api_key.empty()) {
-    if (const char* k = std::getenv("DSERVE_API_KEY")) o.api_key = k;
+    if (const char* k = std::getenv("DSERVE_API_KEY")) {
+      // Set but empty would silently mean "no authentication": refuse it, as --api-key "".
+      if (*k == '\0') {
+        return report_error(invalid_argument(
+            "DSERVE_API_KEY is set but empty; unset it to serve without authentication"));
+      }
+      o.api_key = k;
+    }
   }
+  if (!set_log_format(o.log_format)) return report_error(invalid_argument("--log-format " + o.log_format));
   if (Status s = check_unbuilt(o); !s.ok()) return report_error(s);
+  std::unique_ptr<server::AuditLog> audit_log;
+  if (!o.audit_log.empty()) {
+    Result<std::unique_ptr<server::AuditLog>> a = server::AuditLog::open(o.audit_log);
+    if (!a.ok()) return report_error(a.status());
+    audit_log = std::move(a).value();
+  }
   const std::string model_path = o.common.model.empty() ? default_model_path() : o.common.model;
   if (o.served_model_name.empty()) o.served_model_name.push_back(model_path);
 
@@ -179,7 +211,9 @@ int run_serve(ServeOptions o) {
   }
   Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
   if (!llm.ok()) return report_error(llm.status());
-  Result<std::unique_ptr<chat::ChatTemplate>> tmpl = load_chat_template(o, model_path);
+  chat::ChatTemplateSource template_source;
+  Result<std::unique_ptr<chat::ChatTemplate>> tmpl =
+      load_chat_template(o, model_path, &template_source);
   if (!tmpl.ok()) return report_error(tmpl.status());
 
   server::ServerMetrics metrics(o.served_model_name.front());
@@ -189,6 +223,8 @@ int run_serve(ServeOptions o) {
   sc.served_model_names = o.served_model_name;
   sc.model_path = model_path;
   sc.reasoning_deepseek_r1 = o.reasoning_parser == "deepseek_r1";
+  sc.tokenizer_info = {template_source.bos_token, template_source.eos_token,
+                       template_source.source};
   server::ChatRenderer render_chat;
   std::shared_ptr<chat::ChatTemplate> chat_template = std::move(tmpl).value();
   if (chat_template) {
@@ -204,6 +240,7 @@ int run_serve(ServeOptions o) {
   hc.api_key = o.api_key;
   hc.max_body_bytes = o.max_body_bytes;
   hc.n_http_threads = std::max(512, 2 * o.max_num_seqs);
+  hc.audit_log = audit_log.get();
   server::HttpServer http(hc, serving, metrics);
 
   AsyncLlm& engine = **async;

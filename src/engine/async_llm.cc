@@ -230,11 +230,16 @@ void AsyncLlm::publish(std::vector<EngineOutput>& outputs) {
     OutputDelta d;
     d.index = p.index;
     bool stopped = false;
-    for (int32_t t : e.new_token_ids) {
+    for (size_t k = 0; k < e.new_token_ids.size(); ++k) {
+      const int32_t t = e.new_token_ids[k];
       d.token_ids.push_back(t);
-      if (p.text && !stopped) d.text += p.text->add(t, &stopped);
+      const bool stop_token = e.ends_with_stop_token && k + 1 == e.new_token_ids.size();
+      if (p.text && !stopped) d.text += p.text->add(t, &stopped, stop_token);
     }
     if (!e.new_token_ids.empty() && observer_) {
+      // Counted now, before the request's output can reach its client.
+      observer_->on_tokens(p.n_generated_tokens == 0 ? p.n_prompt_tokens : 0,
+                           static_cast<int64_t>(e.new_token_ids.size()));
       if (p.n_generated_tokens == 0) {
         observer_->on_first_token(seconds_between(p.arrival, now));
       } else {

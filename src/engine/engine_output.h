@@ -19,9 +19,12 @@ using RequestId = uint64_t;
 // What one step produced for one request.
 struct EngineOutput {
   RequestId id = 0;
-  // The token sampled this step; empty when the step ended the request with a stop id
-  // (which is not part of the output), or when a request was aborted.
+  // The token sampled this step, a stop id included (as vLLM); empty when a request was
+  // aborted.
   std::vector<int32_t> new_token_ids;
+  // The last of new_token_ids ended the request as a stop id (eos or stop_token_ids):
+  // it counts as output, but its text is not shown unless include_stop_str_in_output.
+  bool ends_with_stop_token = false;
   std::optional<sched::FinishReason> finish_reason;  // set when the request ended this step
   // With SamplingOptions::logprobs: one entry per new token (raw logprob, rank and the
   // best alternatives).

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <new>
 #include <optional>
 
 #include "backend/backend.h"
@@ -13,6 +14,9 @@
 #include "tokenizer/tokenizer.h"
 
 namespace dserve {
+
+// The longest context served: positions and lengths are int32 throughout the engine.
+constexpr int64_t kMaxContext = int64_t{1} << 30;
 
 LLM::~LLM() = default;
 
@@ -68,13 +72,33 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   if (o.max_model_len < 0) return invalid_argument("max_model_len must not be negative");
   const int64_t context = o.max_model_len > 0 ? o.max_model_len : info.max_position_embeddings;
   if (!o.isa.empty()) DS_RETURN_IF_ERROR(cpu::check_isa(o.isa));
+  // The RoPE tables and the KV cache are sized for `context` at load: a model file's
+  // context_length (up to 2^32 - 1) must say so rather than overflow or fail to allocate.
+  const std::string context_source =
+      o.max_model_len > 0 ? "--max-model-len" : "the model's context length (context_length / "
+                                                "max_position_embeddings)";
+  if (context > kMaxContext) {
+    return invalid_argument(context_source + " is " + std::to_string(context) +
+                            " tokens, more than the " + std::to_string(kMaxContext) +
+                            " dserve can serve; pass a smaller --max-model-len");
+  }
   CpuBackendOptions cpu;
   cpu.n_threads = o.n_threads;
   cpu.isa = o.isa;
   llm->backend_ = make_cpu_backend(cpu);
   const int64_t weight_bytes = static_cast<int64_t>(files->total_tensor_bytes());
-  DS_ASSIGN_OR_RETURN(llm->model_, o.load_model ? o.load_model(std::move(files), *llm->backend_, context)
-                                                 : load_causal_lm(std::move(files), *llm->backend_, context));
+  Result<std::unique_ptr<CausalLm>> model = [&]() -> Result<std::unique_ptr<CausalLm>> {
+    try {
+      return o.load_model ? o.load_model(std::move(files), *llm->backend_, context)
+                          : load_causal_lm(std::move(files), *llm->backend_, context);
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::kResourceExhausted,
+                    "the tables sized by " + context_source + " of " + std::to_string(context) +
+                        " tokens do not fit in memory; pass a smaller --max-model-len");
+    }
+  }();
+  if (!model.ok()) return model.status();
+  llm->model_ = std::move(model).value();
   // The backend's prepared copies (the CPU's packed panels) are memory on top of the
   // loaded weights; the mapped originals stay mapped too.
   const int64_t prepared_bytes = llm->backend_->prepared_weight_bytes();
@@ -196,7 +220,8 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
       bool stopped = false;
       for (size_t k = 0; k < e.new_token_ids.size(); ++k) {
         out.token_ids.push_back(e.new_token_ids[k]);
-        if (p.text && !stopped) out.text += p.text->add(e.new_token_ids[k], &stopped);
+        const bool stop_token = e.ends_with_stop_token && k + 1 == e.new_token_ids.size();
+        if (p.text && !stopped) out.text += p.text->add(e.new_token_ids[k], &stopped, stop_token);
       }
       for (SampleResult& r : e.logprobs) out.logprobs.push_back(std::move(r));
       std::optional<sched::FinishReason> reason = e.finish_reason;

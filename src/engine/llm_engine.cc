@@ -280,11 +280,12 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
     EngineOutput o;
     o.id = a.id;
     o.finish_reason = a.finish_reason;
-    const bool stop_token = a.finish_reason == sched::FinishReason::kStop;
-    if (!stop_token) {
-      o.new_token_ids.push_back(a.token);
-      if (it->second->params().logprobs()) o.logprobs.push_back(std::move(results[j]));
-    }
+    // A stop token (eos or one of stop_token_ids) stays in the output with its logprob,
+    // as vLLM keeps it: clients that score the last token (lm-eval's loglikelihood) and
+    // usage counts depend on it. Only its text is left out, by the detokenising caller.
+    o.new_token_ids.push_back(a.token);
+    if (it->second->params().logprobs()) o.logprobs.push_back(std::move(results[j]));
+    o.ends_with_stop_token = a.finish_reason == sched::FinishReason::kStop;
     if (auto ps = prompt_scores_.find(a.id); ps != prompt_scores_.end()) {
       o.prompt_logprobs = std::move(ps->second.scores);
       prompt_scores_.erase(ps);

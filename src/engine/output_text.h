@@ -16,15 +16,19 @@ namespace dserve {
 class OutputText {
  public:
   OutputText(const Tokenizer& tokenizer, const SamplingOptions& options)
-      : decoder_(tokenizer), stops_(options.stop, options.include_stop_str_in_output) {}
+      : decoder_(tokenizer),
+        stops_(options.stop, options.include_stop_str_in_output),
+        include_stop_token_(options.include_stop_str_in_output) {}
 
   // The text that became final with token `id`; sets *stopped when a stop string
-  // ended the output (nothing follows it then).
-  std::string add(int32_t id, bool* stopped) {
+  // ended the output (nothing follows it then). A `stop_token` (the eos or stop id that
+  // ended the request) adds no text unless include_stop_str_in_output, as vLLM.
+  std::string add(int32_t id, bool* stopped, bool stop_token = false) {
     if (stops_.stopped()) {
       *stopped = true;
       return {};
     }
+    if (stop_token && !include_stop_token_) return {};
     StopStringMatcher::Output so = stops_.add(decoder_.add(id));
     *stopped = so.stopped;
     return std::move(so.text);
@@ -42,6 +46,7 @@ class OutputText {
  private:
   IncrementalDecoder decoder_;
   StopStringMatcher stops_;
+  bool include_stop_token_;
 };
 
 }  // namespace dserve

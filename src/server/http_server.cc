@@ -5,9 +5,12 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <random>
 
 #include "base/log.h"
+#include "base/log_format.h"
 #include "server/api_error.h"
+#include "server/audit_log.h"
 #include "server/metrics.h"
 #include "server/serving.h"
 
@@ -59,6 +62,31 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 
 thread_local std::chrono::steady_clock::time_point t_request_start;
 
+// What the audit line of the request this thread serves needs beyond the request
+// and response the access logger sees: the model, the usage, and for a stream the
+// hash of the bytes written (the response object holds no body then).
+struct RequestAudit {
+  std::string model;
+  nlohmann::ordered_json usage;
+  std::unique_ptr<Sha256> stream_hash;
+};
+thread_local std::shared_ptr<RequestAudit> t_audit;
+thread_local std::unique_ptr<LogRequestScope> t_log_scope;
+
+constexpr size_t kMaxRequestIdBytes = 128;
+
+std::string new_request_id() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 32; ++i) s += hex[rng() % 16];
+  return s;
+}
+
+bool audited(const httplib::Request& req) {
+  return !(req.method == "GET" && (req.path == "/health" || req.path == "/metrics"));
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -88,6 +116,11 @@ HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMe
   svr.set_pre_routing_handler([this, api_key](const httplib::Request& req,
                                               httplib::Response& res) {
     t_request_start = std::chrono::steady_clock::now();
+    std::string request_id = req.get_header_value("X-Request-Id");
+    if (request_id.empty() || request_id.size() > kMaxRequestIdBytes) request_id = new_request_id();
+    res.set_header("X-Request-Id", request_id);
+    t_log_scope = std::make_unique<LogRequestScope>(std::move(request_id));
+    t_audit = std::make_shared<RequestAudit>();
     const bool protected_route = req.path.rfind("/v1/", 0) == 0;
     if (protected_route && !api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
@@ -133,17 +166,43 @@ HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMe
     DS_LOG_ERROR("request failed: {}", what);
     send_error(res, {500, what, "server_error", "", ""});
   });
-  svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+  AuditLog* audit_log = config.audit_log;
+  const std::string key_id = config.api_key.empty() ? "" : AuditLog::key_id(config.api_key);
+  svr.set_logger([audit_log, key_id](const httplib::Request& req, const httplib::Response& res) {
     const double ms = std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - t_request_start)
                           .count();
     DS_LOG_INFO("{}:{} \"{} {}\" {} {:.1f} ms", req.remote_addr, req.remote_port, req.method,
                 req.path, res.status, ms);
+    if (audit_log && t_audit && audited(req)) {
+      AuditRecord r;
+      r.request_id = res.get_header_value("X-Request-Id");
+      if (res.status != 401) r.key_id = key_id;  // a refused key identifies nobody
+      r.client = req.remote_addr + ":" + std::to_string(req.remote_port);
+      r.method = req.method;
+      r.endpoint = req.path;
+      r.model = t_audit->model;
+      // A refused key ends the request before its body is read: no hash then.
+      if (res.status != 401) r.request_sha256 = Sha256::hex(req.body);
+      r.response_sha256 =
+          t_audit->stream_hash ? t_audit->stream_hash->hex_digest() : Sha256::hex(res.body);
+      const json& u = t_audit->usage;
+      if (u.is_object() && u.contains("prompt_tokens")) {
+        r.prompt_tokens = u["prompt_tokens"].get<int64_t>();
+        r.completion_tokens = u.value("completion_tokens", int64_t{0});
+      }
+      r.status = res.status;
+      r.latency_ms = ms;
+      audit_log->record(std::move(r));
+    }
+    t_audit.reset();
+    t_log_scope.reset();
   });
 
   // POST handlers: JSON body -> Reply -> JSON or an event stream.
-  auto post = [&svr](const char* path, std::function<Reply(const json&)> handle) {
-    svr.Post(path, [handle](const httplib::Request& req, httplib::Response& res) {
+  const std::string default_model = serving.model_name();
+  auto post = [&svr, default_model](const char* path, std::function<Reply(const json&)> handle) {
+    svr.Post(path, [handle, default_model](const httplib::Request& req, httplib::Response& res) {
       if (json_too_deep(req.body)) {
         return send_error(res, ApiError::bad_request("the JSON body is nested too deeply"));
       }
@@ -151,14 +210,25 @@ HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMe
       if (body.is_discarded()) {
         return send_error(res, ApiError::bad_request("the request body is not valid JSON"));
       }
+      std::shared_ptr<RequestAudit> audit = t_audit;
+      if (audit) {
+        audit->model = body.is_object() && body.contains("model") && body["model"].is_string()
+                           ? body["model"].get<std::string>()
+                           : default_model;
+      }
       Reply reply = handle(body);
-      if (!reply.stream) return send_json(res, reply.status, reply.body);
+      if (!reply.stream) {
+        if (audit && reply.body.is_object() && reply.body.contains("usage"))
+          audit->usage = reply.body["usage"];
+        return send_json(res, reply.status, reply.body);
+      }
       std::shared_ptr<EventStream> stream = reply.stream;
+      if (audit) audit->stream_hash = std::make_unique<Sha256>();
       res.status = 200;
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [stream](size_t, httplib::DataSink& sink) {
+          [stream, audit](size_t, httplib::DataSink& sink) {
             std::string events = stream->next(std::chrono::milliseconds(1000));
             // An SSE comment while idle (e.g. queued): a gone client shows up as a
             // failed write here rather than only when its first token comes.
@@ -167,7 +237,11 @@ HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMe
               stream->cancel();
               return false;
             }
-            if (stream->done()) sink.done();
+            if (audit) audit->stream_hash->update(events);
+            if (stream->done()) {
+              if (audit) audit->usage = stream->usage();
+              sink.done();
+            }
             return true;
           },
           [stream](bool) {
@@ -182,6 +256,10 @@ HttpServer::HttpServer(HttpServerConfig config, OpenAiServing& serving, ServerMe
 
   svr.Get("/v1/models", [&serving](const httplib::Request&, httplib::Response& res) {
     Reply r = serving.models();
+    send_json(res, r.status, r.body);
+  });
+  svr.Get("/tokenizer_info", [&serving](const httplib::Request&, httplib::Response& res) {
+    Reply r = serving.tokenizer_info();
     send_json(res, r.status, r.body);
   });
   svr.Get("/health", [&serving](const httplib::Request&, httplib::Response& res) {

@@ -66,6 +66,12 @@ void ServerMetrics::on_stats(const EngineStats& stats) {
   stats_ = stats;
 }
 
+void ServerMetrics::on_tokens(int64_t n_prompt_tokens, int64_t n_generated_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += n_prompt_tokens;
+  generation_tokens_ += n_generated_tokens;
+}
+
 void ServerMetrics::on_first_token(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ttft_.observe(seconds);
@@ -79,8 +85,6 @@ void ServerMetrics::on_inter_token(double seconds) {
 void ServerMetrics::on_finished(const std::string& finish_reason, int n_prompt_tokens,
                                 int n_generated_tokens, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
-  prompt_tokens_ += n_prompt_tokens;
-  generation_tokens_ += n_generated_tokens;
   ++request_success_[finish_reason];
   e2e_.observe(seconds);
 }

@@ -6,7 +6,8 @@
 //              vllm:request_success{finished_reason="stop"|"length"|"abort"|"error"}
 //   histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
 //              vllm:e2e_request_latency_seconds
-// Every sample carries model_name. Counters are exposed as <name>_total, TYPE line
+// The token counters move every engine step (as vLLM's), so their rate is right
+// during long generations too. Every sample carries model_name. Counters are exposed as <name>_total, TYPE line
 // included, as prometheus_client writes them in the text format 0.0.4.
 //
 // Thread-safety: the EngineObserver callbacks run on the engine thread, render() on
@@ -42,6 +43,7 @@ class ServerMetrics : public EngineObserver {
   explicit ServerMetrics(std::string model_name);
 
   void on_stats(const EngineStats& stats) override;
+  void on_tokens(int64_t n_prompt_tokens, int64_t n_generated_tokens) override;
   void on_first_token(double seconds_since_arrival) override;
   void on_inter_token(double seconds) override;
   void on_finished(const std::string& finish_reason, int n_prompt_tokens,

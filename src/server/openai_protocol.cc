@@ -128,8 +128,7 @@ void read_common(FieldReader& f, const json& body, GenerationRequest& r) {
     } else {
       FieldReader sf(*so);
       sf.boolean("include_usage", &r.include_usage);
-      bool continuous = false;
-      sf.boolean("continuous_usage_stats", &continuous);
+      sf.boolean("continuous_usage_stats", &r.continuous_usage_stats);
       sf.only({"include_usage", "continuous_usage_stats"});
       if (!sf.ok()) f.fail("stream_options: " + sf.error().message, "stream_options");
       if (!r.stream) f.fail("stream_options is only allowed with stream=true", "stream_options");
@@ -314,9 +313,17 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
              "unsupported");
     }
   }
+  // Without a tool-call parser the model's tool calls would come back as plain text
+  // with tool_calls null, and a template that does not render `tools` would never show
+  // them to the model: refuse, as vLLM does when no tool parser is configured.
   if (const json* tools = f.get("tools"); f.ok() && tools) {
-    if (!tools->is_array()) f.fail("tools must be a list", "tools");
-    else r.template_kwargs["tools"] = *tools;
+    if (!tools->is_array()) {
+      f.fail("tools must be a list", "tools");
+    } else if (!tools->empty()) {
+      f.fail("tools are not supported yet: dserve has no tool-call parser, so tool calls "
+             "would not be returned in tool_calls; send the request without tools",
+             "tools", "unsupported");
+    }
   }
   if (const json* docs = f.get("documents"); f.ok() && docs) r.template_kwargs["documents"] = *docs;
   if (const json* kw = f.get("chat_template_kwargs"); f.ok() && kw) {

@@ -36,6 +36,8 @@ struct GenerationRequest {
   std::optional<int> max_tokens;    // none: the endpoint's default
   bool stream = false;
   bool include_usage = false;       // stream_options.include_usage
+  // stream_options.continuous_usage_stats: with include_usage, usage on every chunk.
+  bool continuous_usage_stats = false;
   bool skip_special_tokens = true;  // in the returned text
 };
 
@@ -55,7 +57,7 @@ struct ChatRequest : GenerationRequest {
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool add_special_tokens = false;  // the template writes BOS itself
-  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // tools, chat_template_kwargs
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // documents, chat_template_kwargs
   bool logprobs = false;           // then sampling.logprobs = top_logprobs
 };
 

@@ -51,6 +51,7 @@ struct OpenAiServing::Job {
   std::vector<RequestId> request_ids;
   bool reasoning = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // include_usage + continuous_usage_stats
   bool logprobs = false;
   int n_per_prompt = 1;
   std::vector<std::vector<int32_t>> prompt_ids;  // per prompt (echo + logprobs)
@@ -69,6 +70,7 @@ struct OpenAiServing::Job {
   };
   std::vector<Choice> choices;
   int64_t n_prompt_tokens = 0;
+  std::vector<int64_t> n_prompt_tokens_of;  // per prompt (n choices each)
   int n_unfinished = 0;
   std::string error;
 
@@ -221,7 +223,16 @@ struct OpenAiServing::Job {
     choice["finish_reason"] = c.finish_reason ? json(*c.finish_reason) : json(nullptr);
     json chunk = chunk_base();
     chunk["choices"] = json::array({choice});
-    if (include_usage) chunk["usage"] = nullptr;
+    if (continuous_usage) {
+      // As vLLM: this choice's prompt and its tokens so far.
+      const size_t group = static_cast<size_t>(d.index) / n_per_prompt;
+      const int64_t prompt = group < n_prompt_tokens_of.size() ? n_prompt_tokens_of[group] : 0;
+      chunk["usage"] = {{"prompt_tokens", prompt},
+                        {"completion_tokens", c.n_tokens},
+                        {"total_tokens", prompt + c.n_tokens}};
+    } else if (include_usage) {
+      chunk["usage"] = nullptr;
+    }
     *events += sse(chunk);
   }
 
@@ -289,6 +300,7 @@ class OpenAiServing::Stream : public EventStream {
   }
   bool done() const override { return done_; }
   void cancel() override { job_->cancel(); }
+  json usage() const override { return job_->usage(); }
   // Events to send before any output (the echoed prompt).
   void set_prefix(std::string events) { prefix_ = std::move(events); }
 
@@ -308,6 +320,7 @@ std::unique_ptr<OpenAiServing::Job> OpenAiServing::new_job(bool chat,
   job->llm = &llm_;
   job->tok = llm_.tokenizer();
   job->include_usage = r.include_usage;
+  job->continuous_usage = r.include_usage && r.continuous_usage_stats;
   return job;
 }
 
@@ -362,9 +375,11 @@ std::optional<ApiError> fit_context(int prompt_len, std::optional<int> max_token
   }
   const int room = max_model_len - prompt_len;
   if (max_tokens && *max_tokens > room) {
+    // In 64 bits: max_tokens may be up to INT32_MAX, and the sum must not wrap.
+    const int64_t requested = int64_t{prompt_len} + *max_tokens;
     return ApiError::bad_request(
         "This model's maximum context length is " + std::to_string(max_model_len) +
-            " tokens. However, you requested " + std::to_string(prompt_len + *max_tokens) +
+            " tokens. However, you requested " + std::to_string(requested) +
             " tokens (" + std::to_string(prompt_len) + " in the messages, " +
             std::to_string(*max_tokens) + " in the completion). Please reduce the length of "
             "the messages or completion.",
@@ -409,6 +424,7 @@ Reply OpenAiServing::completions(const json& body) const {
     }
     r.sampling.max_tokens = max_tokens;
     job->n_prompt_tokens += static_cast<int64_t>(ids.size());
+    job->n_prompt_tokens_of.push_back(static_cast<int64_t>(ids.size()));
     echoes.push_back(!r.echo ? "" : !p.ids.empty() && tok ? tok->decode(p.ids, false) : p.text);
     prompts.push_back(std::move(ids));
   }
@@ -435,7 +451,13 @@ Reply OpenAiServing::completions(const json& body) const {
                                          {"text", job->choices[i].text},
                                          {"logprobs", nullptr},
                                          {"finish_reason", nullptr}}});
-        if (job->include_usage) chunk["usage"] = nullptr;
+        if (job->continuous_usage) {
+          const int64_t prompt = job->n_prompt_tokens_of[i / n];
+          chunk["usage"] = {{"prompt_tokens", prompt}, {"completion_tokens", 0},
+                            {"total_tokens", prompt}};
+        } else if (job->include_usage) {
+          chunk["usage"] = nullptr;
+        }
         prefix += sse(chunk);
       }
     }
@@ -472,6 +494,7 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   job->logprobs = r.logprobs;
   job->reasoning = config_.reasoning_deepseek_r1;
   job->n_prompt_tokens = static_cast<int64_t>(prompt->size());
+  job->n_prompt_tokens_of = {job->n_prompt_tokens};
   const int n = r.sampling.n;
   job->choices.resize(n);
   Result<std::vector<RequestId>> ids = llm_.add_request(*prompt, r.sampling, job->queue, 0);
@@ -508,8 +531,17 @@ Reply OpenAiServing::tokenize(const json& body) const {
     json chat_body = {{"messages", body["messages"]}};
     Parsed<ChatRequest> parsed = parse_chat_request(chat_body);
     if (auto* e = std::get_if<ApiError>(&parsed)) return Reply::error(*e);
-    const bool add_generation_prompt = body.value("add_generation_prompt", true);
-    const bool add_special = body.value("add_special_tokens", false);
+    // Read as the typed fields they are: a wrong type is the client's error (400), not
+    // a JSON-library exception (500).
+    bool add_generation_prompt = true, add_special = false;
+    for (auto [name, out] : {std::pair{"add_generation_prompt", &add_generation_prompt},
+                             std::pair{"add_special_tokens", &add_special}}) {
+      if (!body.contains(name) || body[name].is_null()) continue;
+      if (!body[name].is_boolean()) {
+        return Reply::error(ApiError::bad_request(std::string(name) + " must be a boolean", name));
+      }
+      *out = body[name].get<bool>();
+    }
     Result<std::vector<int32_t>> p =
         chat_prompt(body["messages"], add_generation_prompt, add_special, json::object());
     if (!p.ok()) return Reply::error(ApiError::from_status(p.status(), "messages"));
@@ -525,6 +557,21 @@ Reply OpenAiServing::tokenize(const json& body) const {
   return {200,
           {{"count", ids.size()}, {"max_model_len", llm_.max_model_len()}, {"tokens", ids}},
           nullptr};
+}
+
+Reply OpenAiServing::tokenizer_info() const {
+  if (!llm_.tokenizer()) return Reply::error(ApiError::bad_request("this model has no tokenizer"));
+  // vLLM's GET /tokenizer_info: the tokenizer's configuration (special tokens, chat
+  // template, length), which lm-eval's tokenizer_backend=remote reads instead of
+  // downloading the tokenizer; it then tokenizes through /tokenize.
+  const TokenizerInfo& t = config_.tokenizer_info;
+  auto token = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+  json body = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+               {"bos_token", token(t.bos_token)},
+               {"eos_token", token(t.eos_token)},
+               {"model_max_length", llm_.max_model_len()}};
+  if (!t.chat_template.empty()) body["chat_template"] = t.chat_template;
+  return {200, body, nullptr};
 }
 
 Reply OpenAiServing::detokenize(const json& body) const {

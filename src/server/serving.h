@@ -35,6 +35,8 @@ class EventStream {
   virtual bool done() const = 0;
   // The client went away: aborts every unfinished choice (their KV blocks are freed).
   virtual void cancel() = 0;
+  // The response's token counts so far ({prompt_tokens, completion_tokens, ...}).
+  virtual nlohmann::ordered_json usage() const = 0;
 };
 
 struct Reply {
@@ -50,9 +52,16 @@ struct Reply {
 using ChatRenderer = std::function<Result<std::string>(
     const nlohmann::ordered_json& messages, bool add_generation_prompt, const nlohmann::ordered_json& kwargs)>;
 
+// What GET /tokenizer_info reports; empty strings are unknown (null).
+struct TokenizerInfo {
+  std::string bos_token, eos_token;
+  std::string chat_template;
+};
+
 struct ServingConfig {
   std::vector<std::string> served_model_names;  // the first is reported in responses
   std::string model_path;
+  TokenizerInfo tokenizer_info;
   bool reasoning_deepseek_r1 = false;  // --reasoning-parser deepseek_r1
 };
 
@@ -69,6 +78,7 @@ class OpenAiServing {
   Reply models() const;
   Reply tokenize(const nlohmann::ordered_json& body) const;
   Reply detokenize(const nlohmann::ordered_json& body) const;
+  Reply tokenizer_info() const;
 
   const std::string& model_name() const { return config_.served_model_names.front(); }
 

@@ -104,7 +104,8 @@ def test_reasoning_split(client):
     assert msg.reasoning_content == WANT_REASONING
     assert msg.content == WANT_CONTENT
     assert r.choices[0].finish_reason == "stop"
-    assert r.usage.completion_tokens == len(SCRIPT)  # the end-of-sentence id is not counted
+    # The end-of-sentence id that ended the request counts, as in vLLM.
+    assert r.usage.completion_tokens == len(SCRIPT) + 1
 
 
 def test_reasoning_split_streamed(client):

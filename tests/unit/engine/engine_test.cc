@@ -74,8 +74,7 @@ class EngineTest : public ::testing::Test {
     while (true) {
       const int32_t next = sampler.sample(state, logits).token;
       const auto finish = state.accept(next);
-      if (finish == FinishReason::kStop) break;
-      out.push_back(next);
+      out.push_back(next);  // a stop id is part of the output, as vLLM
       if (finish) break;
       const int32_t p = static_cast<int32_t>(kv->n_tokens());
       EXPECT_TRUE(model_->forward({&next, 1}, {&p, 1}, *kv, LogitsFor::kLast, &logits).ok());
