@@ -494,6 +494,7 @@ TEST_P(BackendOpsTest, MatmulGroupedEqualsOneByOne) {
   }
   backend_->matmul_grouped(groups.data(), static_cast<int>(groups.size()));
   for (size_t i = 0; i < specs.size(); ++i) {
+    if (want[i].empty()) continue;  // the group without tokens: nothing to compare
     EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
         << "group " << i << " " << dtype_name(specs[i].t);
   }
