@@ -153,6 +153,11 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
     case DType::kQ4_K: dequant_q4_k(static_cast<const block_q4_K*>(src), dst, n_blocks); return;
     case DType::kQ5_K: dequant_q5_k(static_cast<const block_q5_K*>(src), dst, n_blocks); return;
     case DType::kQ6_K: dequant_q6_k(static_cast<const block_q6_K*>(src), dst, n_blocks); return;
+    case DType::kI8: {  // without its row scales (applied by the caller)
+      const auto* p = static_cast<const int8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]);
+      return;
+    }
     case DType::kF8_E4M3: {  // without its block scales (applied by the caller)
       const auto* p = static_cast<const uint8_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = fp8_e4m3_to_f32(p[i]);

@@ -1,5 +1,7 @@
 #include "tensor/dtype.h"
 
+#include <string>
+
 #include "base/check.h"
 
 namespace dserve {
@@ -14,6 +16,7 @@ const DTypeInfo& dtype_info(DType t) {
   static const DTypeInfo kQ4_K{"q4_k", 256, 144};
   static const DTypeInfo kQ5_K{"q5_k", 256, 176};
   static const DTypeInfo kQ6_K{"q6_k", 256, 210};
+  static const DTypeInfo kI8{"i8", 1, 1};
   static const DTypeInfo kF8_E4M3{"f8_e4m3", 1, 1};
   switch (t) {
     case DType::kF32: return kF32;
@@ -25,6 +28,7 @@ const DTypeInfo& dtype_info(DType t) {
     case DType::kQ4_K: return kQ4_K;
     case DType::kQ5_K: return kQ5_K;
     case DType::kQ6_K: return kQ6_K;
+    case DType::kI8: return kI8;
     case DType::kF8_E4M3: return kF8_E4M3;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(t));
@@ -62,8 +66,9 @@ uint32_t ggml_type_of(DType t) {
     case DType::kQ4_K: return 12;
     case DType::kQ5_K: return 13;
     case DType::kQ6_K: return 14;
+    case DType::kI8:
     case DType::kF8_E4M3:
-      DS_CHECK_MSG(false, "f8_e4m3 has no ggml type");
+      DS_CHECK_MSG(false, "%s has no ggml type", std::string(dtype_name(t)).c_str());
       return 0;
     case DType::kBF16: return 30;
   }

@@ -22,6 +22,10 @@ enum class DType : uint8_t {
   kQ4_K,  // 256-element super-block, 8 sub-blocks with 6-bit scales/mins
   kQ5_K,  // as Q4_K plus a fifth bit per element
   kQ6_K,  // 256-element super-block, 16 sub-blocks with int8 scales
+  // Symmetric int8 with one f32 scale per row (W8A8: compressed-tensors int-quantized,
+  // per-channel weight_scale): w[r][j] = TensorView::row_scales[r] * q[r][j]. The
+  // scales travel beside the data (TensorView), not inside the rows.
+  kI8,
   // float8_e4m3fn (safetensors F8_E4M3), as DeepSeek ships its weights with separate
   // 128 x 128 block scales. Converted at load (model/fp8_weights.h); no kernel reads it.
   kF8_E4M3,

@@ -21,6 +21,12 @@ struct TensorView {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t n_bytes = 0;
+  // DType::kI8 (W8A8) weights only, else null / 0. row_scales [n_rows]: row r's real
+  // values are row_scales[r] * q. input_scale: the static activation scale the
+  // checkpoint calibrated (activations q = round(x / input_scale)); 0: activations are
+  // quantised per token at run time (scale max|x| / 127). Owned by the loader.
+  const float* row_scales = nullptr;
+  float input_scale = 0.0f;
 
   int64_t n_elements() const {
     int64_t n = 1;

@@ -93,6 +93,7 @@ std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k, std::mt19937&
       case DType::kF32:
       case DType::kF16:
       case DType::kBF16:
+      case DType::kI8:  // scales beside the rows: see W8A8Weights
       case DType::kF8_E4M3: break;
     }
   }
@@ -125,6 +126,7 @@ int act_block(DType t) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K: return 256;
+    case DType::kI8:
     case DType::kF8_E4M3: return 0;
   }
   return 0;
@@ -650,6 +652,167 @@ TEST_P(BackendOpsTest, Attention) {
               << "t " << t << " h " << h << " i " << i;
         }
       }
+    }
+  }
+}
+
+// ---- W8A8 (DType::kI8): int8 rows with one scale each, activations per token ----
+
+// Random int8 weights [n, k] over the whole range (-128 included) and row scales.
+struct W8A8Weights {
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  TensorView view;
+  W8A8Weights(int64_t n, int64_t k, std::mt19937& rng, float input_scale = 0.0f)
+      : q(n * k), scales(n) {
+    std::uniform_int_distribution<int> byte(-128, 127);
+    std::uniform_real_distribution<float> scale(0.0005f, 0.004f);
+    for (auto& v : q) v = static_cast<int8_t>(byte(rng));
+    for (int64_t i = 0; i < std::min<int64_t>(k, 3); ++i) q[i] = -128;  // the extreme
+    for (auto& s : scales) s = scale(rng);
+    view = TensorView{DType::kI8, {n, k}, q.data(), q.size()};
+    view.row_scales = scales.data();
+    view.input_scale = input_scale;
+  }
+};
+
+// The reference, written from the format's definition rather than from the kernels:
+// per token d = max|x| / 127 (or the static scale, values clamped to [-127, 127]),
+// q = round half to even of x * (1 / d); y = sum q_w q_x (exact, in int64) times
+// w_scale * d.
+std::vector<double> w8a8_reference(const W8A8Weights& w, const std::vector<float>& x,
+                                   int64_t n_tokens) {
+  const int64_t n = w.view.shape[0], k = w.view.shape[1];
+  std::vector<double> y(n_tokens * n);
+  std::vector<int> xq(k);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* xt = x.data() + t * k;
+    float d = w.view.input_scale;
+    if (d == 0.0f) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(xt[i]));
+      d = amax / 127.0f;
+    }
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t i = 0; i < k; ++i) {
+      xq[i] = std::clamp(static_cast<int>(std::nearbyint(xt[i] * id)), -127, 127);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t sum = 0;
+      for (int64_t i = 0; i < k; ++i) sum += int64_t{w.q[r * k + i]} * xq[i];
+      y[t * n + r] = static_cast<double>(sum) * w.scales[r] * d;
+    }
+  }
+  return y;
+}
+
+void check_w8a8(Backend& backend, Backend& scalar, int64_t n, int64_t k, int64_t n_tokens,
+                float input_scale, bool prepare, bool with_bias, std::mt19937& rng) {
+  SCOPED_TRACE("i8 n=" + std::to_string(n) + " k=" + std::to_string(k) + " tokens=" +
+               std::to_string(n_tokens) + " input_scale=" + std::to_string(input_scale) +
+               (prepare ? " prepared" : "") + (with_bias ? " bias" : ""));
+  W8A8Weights w(n, k, rng, input_scale);
+  std::vector<float> x = random_floats(n_tokens * k, rng);
+  if (k > 40) std::fill_n(x.begin() + 1, 39, 0.0f);  // zeros
+  x[0] = 4.0f;  // an outlier (past a small static scale's range: clamped)
+  if (n_tokens > 1) std::fill_n(x.begin() + k, k, 0.0f);  // an all-zero token: scale 0
+  std::vector<float> bias = random_floats(n, rng);
+  TensorView bias_view{DType::kF32, {n}, bias.data(), bias.size() * 4};
+  if (prepare) {
+    const int64_t before = backend.prepared_weight_bytes();
+    backend.prepare_matmul_weight(w.view);
+    // The x86 levels pack I8 rows (16-row panels plus their scales) when k allows.
+    if (backend.name() != "cpu-scalar" && backend.name().substr(0, 8) != "cpu-neon" &&
+        k % 32 == 0) {
+      EXPECT_EQ(backend.prepared_weight_bytes() - before, (n + 15) / 16 * (16 * k + 64));
+    }
+  }
+  std::vector<float> got(n_tokens * n, NAN), want(n_tokens * n, NAN);
+  backend.matmul(w.view, with_bias ? &bias_view : nullptr, x.data(), n_tokens, got.data());
+  scalar.matmul(w.view, with_bias ? &bias_view : nullptr, x.data(), n_tokens, want.data());
+  // Every level gives the scalar level's bits (kernels.h, MatmulI8Fn).
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  const std::vector<double> ref = w8a8_reference(w, x, n_tokens);
+  int n_bad = 0;
+  for (int64_t i = 0; i < n_tokens * n; ++i) {
+    const double b = with_bias ? bias[i % n] : 0.0;
+    // Only the float rounding of the int32 sum and the two scale products remains.
+    const double tol = 1e-6 * std::fabs(ref[i]) + 1e-7;
+    if (!(std::fabs(got[i] - (ref[i] + b)) <= tol) && ++n_bad <= 5) {
+      ADD_FAILURE() << "output " << i << ": got " << got[i] << ", want " << ref[i] + b;
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulW8A8) {
+  std::unique_ptr<Backend> scalar = make_backend({CpuIsa::kScalar, 1});
+  // Rows around the half panel (8) and panel (16); k with and without a tail of the
+  // 32-byte steps (100 cannot be packed: per-row kernels); tokens around the tiles.
+  // A prepared weight gets a backend of its own (a new weight may reuse a freed one's
+  // address, which prepare_matmul_weight takes as the same weight prepared again).
+  auto fresh = [&](bool prepare) { return prepare ? make_backend(GetParam()) : nullptr; };
+  for (bool prepare : {false, true}) {
+    for (int64_t n : {1, 8, 15, 16, 17, 45}) {
+      for (int64_t k : {32, 100, 576}) {
+        for (int64_t n_tokens : {1, 2, 7, 13}) {
+          auto own = fresh(prepare);
+          check_w8a8(own ? *own : *backend_, *scalar, n, k, n_tokens, 0.0f, prepare, false, rng_);
+        }
+      }
+    }
+    auto own = fresh(prepare);
+    check_w8a8(own ? *own : *backend_, *scalar, 70, 256, 70, 0.0f, prepare, true, rng_);
+    // Static input scales: one that clamps the outlier, one that clamps nothing.
+    own = fresh(prepare);
+    check_w8a8(own ? *own : *backend_, *scalar, 33, 96, 9, 0.01f, prepare, false, rng_);
+    own = fresh(prepare);
+    check_w8a8(own ? *own : *backend_, *scalar, 33, 96, 9, 0.05f, prepare, true, rng_);
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulW8A8IsBatchInvariant) {
+  W8A8Weights w(37, 256, rng_);
+  backend_->prepare_matmul_weight(w.view);
+  const int64_t n = 37, k = 256, n_tokens = 29;
+  std::vector<float> x = random_floats(n_tokens * k, rng_);
+  std::vector<float> y(n_tokens * n), y1(n);
+  backend_->matmul(w.view, nullptr, x.data(), n_tokens, y.data());
+  for (int64_t tok = 0; tok < n_tokens; ++tok) {
+    backend_->matmul(w.view, nullptr, x.data() + tok * k, 1, y1.data());
+    ASSERT_EQ(std::memcmp(y1.data(), y.data() + tok * n, n * sizeof(float)), 0) << "token " << tok;
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulManyW8A8WithDifferentStaticScales) {
+  // q/k/v of one input whose checkpoint calibrated different input scales: each
+  // product must be what it is alone (the backend quantises x once per scale).
+  const int64_t k = 128, n_tokens = 5;
+  W8A8Weights a(20, k, rng_, 0.02f), b(24, k, rng_, 0.03f), c(16, k, rng_, 0.0f);
+  backend_->prepare_matmul_weight(b.view);
+  std::vector<float> x = random_floats(n_tokens * k, rng_);
+  std::vector<float> ya(n_tokens * 20), yb(n_tokens * 24), yc(n_tokens * 16);
+  const MatmulTarget targets[] = {{&a.view, nullptr, ya.data()},
+                                  {&b.view, nullptr, yb.data()},
+                                  {&c.view, nullptr, yc.data()}};
+  backend_->matmul_many(x.data(), n_tokens, targets, 3);
+  for (const auto* w : {&a, &b, &c}) {
+    const int64_t n = w->view.shape[0];
+    std::vector<float> alone(n_tokens * n);
+    backend_->matmul(w->view, nullptr, x.data(), n_tokens, alone.data());
+    const std::vector<float>& many = w == &a ? ya : w == &b ? yb : yc;
+    EXPECT_EQ(std::memcmp(alone.data(), many.data(), alone.size() * sizeof(float)), 0)
+        << "n=" << n;
+  }
+}
+
+TEST_P(BackendOpsTest, GetRowsW8A8) {
+  W8A8Weights w(10, 48, rng_);
+  const int32_t ids[] = {3, 0, 9};
+  std::vector<float> out(3 * 48);
+  backend_->get_rows(w.view, ids, 3, out.data());
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 48; ++j) {
+      EXPECT_EQ(out[i * 48 + j], w.q[ids[i] * 48 + j] * w.scales[ids[i]]);
     }
   }
 }

@@ -66,6 +66,9 @@ void CpuBackend::get_rows(const TensorView& table, const int32_t* ids, int64_t n
   auto rows = [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
       dequantize_row(table.dtype, table.row(ids[i]), out + i * len, len);
+      if (table.row_scales != nullptr) {  // I8 rows: their values times the row's scale
+        for (int64_t j = 0; j < len; ++j) out[i * len + j] *= table.row_scales[ids[i]];
+      }
     }
   };
   if (n_ids * len < kParallelElements) {

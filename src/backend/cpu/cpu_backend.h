@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
   struct PackedWeight {
     DType dtype;
     int64_t n_rows, k;
+    const float* row_scales;  // I8: the scales packed with the rows
     ScratchBuffer storage;
     const uint8_t* panels;
     int64_t bytes;  // of the panels
@@ -77,7 +78,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::unordered_map<const void*, PackedWeight> packed_;  // see prepare_matmul_weight
   int64_t prepared_bytes_ = 0;                            // their storage, in all
-  ScratchBuffer act_rows_[3];               // quantised activations, per ActFormat
+  ScratchBuffer act_rows_[kNumActFormats];  // quantised activations, per ActFormat
   ScratchBuffer act_tiles_;                 // Q8x32 activations in tiles (batched kernels)
   ScratchBuffer matmul_tasks_;              // matmul_grouped's task list
   ScratchBuffer matmul_plan_;               // and its per-target / per-group plan

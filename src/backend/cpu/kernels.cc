@@ -1,5 +1,7 @@
 #include "backend/cpu/kernels.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,11 +24,30 @@ ActFormat act_format_for(DType weight) {
     case DType::kQ5_K:
     case DType::kQ6_K:
       return ActFormat::kQ8x256;
+    case DType::kI8:
+      return ActFormat::kQ8Token;
     case DType::kF8_E4M3:  // converted at load (model/fp8_weights.h); no kernel
       break;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(weight));
   return ActFormat::kF32;
+}
+
+void quantize_q8_token(const float* x, int64_t k, float static_scale, uint8_t* out) {
+  int8_t* qs = reinterpret_cast<int8_t*>(out);
+  float d = static_scale;
+  float lo = -127.0f;
+  if (static_scale == 0.0f) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    d = amax / 127.0f;
+    lo = -128.0f;  // never reached: |x * (1 / d)| rounds to at most 127
+  }
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int64_t i = 0; i < k; ++i) {
+    qs[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * id), lo, 127.0f));
+  }
+  std::memcpy(out + round_up(k, kActAlign), &d, 4);
 }
 
 void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile, uint8_t* tiles) {

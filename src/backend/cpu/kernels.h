@@ -7,6 +7,8 @@
 // (as llama.cpp does) so the inner products are integer dot products:
 //   ActFormat::kQ8x32   per-32 blocks, for Q8_0 / Q4_0 / Q4_1 weights
 //   ActFormat::kQ8x256  per-256 blocks with per-16 sums, for Q4_K / Q5_K / Q6_K
+//   ActFormat::kQ8Token one scale per token (W8A8: I8 weights), or the weight's
+//                       static input scale
 // F32 / F16 / BF16 weights take the activations as they are (ActFormat::kF32) and
 // compute in FP32.
 //
@@ -25,7 +27,8 @@
 
 namespace dserve::cpu {
 
-enum class ActFormat { kF32, kQ8x32, kQ8x256 };
+enum class ActFormat { kF32, kQ8x32, kQ8x256, kQ8Token };
+inline constexpr int kNumActFormats = 4;
 
 ActFormat act_format_for(DType weight);
 
@@ -38,6 +41,7 @@ static constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m
 // One quantised activation row of k values (k a multiple of the block), laid out as
 //   kQ8x32:  int8 qs[k] | pad to 64 | float d[k/32] | float s[k/32]   (s = d * sum(qs))
 //   kQ8x256: int8 qs[k] | pad to 64 | float d[k/256] | int16 bsums[k/16]
+//   kQ8Token: int8 qs[k] | pad to 64 | float d
 // and each row padded to a multiple of 64 bytes.
 static inline int64_t act_row_bytes(ActFormat f, int64_t k) {
   switch (f) {
@@ -45,6 +49,7 @@ static inline int64_t act_row_bytes(ActFormat f, int64_t k) {
     case ActFormat::kQ8x32: return round_up(round_up(k, kActAlign) + (k / 32) * 8, kActAlign);
     case ActFormat::kQ8x256:
       return round_up(round_up(k, kActAlign) + (k / 256) * 4 + (k / 16) * 2, kActAlign);
+    case ActFormat::kQ8Token: return round_up(round_up(k, kActAlign) + 4, kActAlign);
   }
   return 0;
 }
@@ -68,6 +73,35 @@ static inline Q8x256Row q8x256_row(const uint8_t* p, int64_t k) {
   const float* d = reinterpret_cast<const float*>(p + round_up(k, kActAlign));
   return {reinterpret_cast<const int8_t*>(p), d, reinterpret_cast<const int16_t*>(d + k / 256)};
 }
+
+struct Q8TokenRow {
+  const int8_t* qs;  // [k]
+  float d;           // the token's scale
+};
+static inline Q8TokenRow q8token_row(const uint8_t* p, int64_t k) {
+  float d;
+  std::memcpy(&d, p + round_up(k, kActAlign), 4);
+  return {reinterpret_cast<const int8_t*>(p), d};
+}
+
+// x[k] -> one kQ8Token row. static_scale 0: dynamic, d = max|x| / 127 and
+// q = round-to-nearest-even(x * (1 / d)) (as vLLM's CPU path). Otherwise d =
+// static_scale and q = that rounding clamped to [-127, 127]: -128 is left out so that
+// the x86 kernels can move a weight's sign onto the activation (vpsignb) without
+// overflow; it only matters for values past the calibrated range. One plain C++
+// definition for every level, so the levels cannot differ in it.
+void quantize_q8_token(const float* x, int64_t k, float static_scale, uint8_t* out);
+
+// W8A8: y[t * y_stride + r] = float(sum_j q_w[r][j] q_x[t][j]) * (w_scales[r] * d_x[t])
+// for r < n_rows, t < n_tokens: an exact int32 dot, scaled once. w rows w_stride
+// bytes apart (int8), activations kQ8Token rows x_stride bytes apart. Every level
+// gives the same bits (the integer dot is exact and the float steps are the same).
+using MatmulI8Fn = void (*)(const uint8_t* w, size_t w_stride, const float* w_scales,
+                            const uint8_t* x, size_t x_stride, int64_t k, int64_t n_rows,
+                            int64_t n_tokens, float* y, int64_t y_stride);
+// The packed form of I8 rows (see PackWeightFn), their scales inside each panel.
+using PackI8Fn = void (*)(const uint8_t* w, size_t w_stride, const float* w_scales,
+                          int64_t n_rows, int64_t k, uint8_t* out);
 
 // Computes y[t * y_stride + r] = dot(row r of w, activation row t) for r < n_rows,
 // t < n_tokens. w rows are w_stride bytes apart (blocks along k); activation rows
@@ -131,7 +165,8 @@ using MatmulPackedFn = void (*)(const uint8_t* packed, const uint8_t* x_tiles, i
                                 int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride);
 struct PackedLayout {
   int64_t block_bytes = 0;  // bytes per panel and 32-element block; 0: no packed form
-  int64_t panel_bytes(int64_t k) const { return k / 32 * block_bytes; }
+  int64_t panel_extra_bytes = 0;  // bytes per panel besides the blocks (I8's row scales)
+  int64_t panel_bytes(int64_t k) const { return k / 32 * block_bytes + panel_extra_bytes; }
 };
 
 // Quantises x[k] as token t straight into `tiles` (tile width `tile`): the same bytes
@@ -141,7 +176,7 @@ using QuantizeTilesFn = void (*)(const float* x, int64_t k, int64_t t, int64_t t
 void q8x32_quantize_to_tiles_generic(const float* x, int64_t k, int64_t t, int64_t tile,
                                      uint8_t* tiles);
 
-inline constexpr int kNumDTypes = 9;
+inline constexpr int kNumDTypes = 10;  // the DTypes a kernel reads (not F8_E4M3)
 
 // One step of online-softmax attention (paged_attention.cc): n_q queries that share
 // a KV head against n_keys consecutive KV rows (a run of slots inside one block).
@@ -187,6 +222,12 @@ struct KernelTable {
   PackWeightFn pack_weight[kNumDTypes];
   MatmulPackedFn matmul_packed[kNumDTypes];
   PackedLayout packed_layout[kNumDTypes];
+  // W8A8 (DType::kI8): the per-row kernel (every level), and optionally the packed
+  // form (pack_i8, then matmul_packed / packed_layout at kI8, whose activations are
+  // kQ8Token rows act_row_bytes(kQ8Token, k) apart). The packed kernel serves every
+  // token count and gives the per-row kernel's bits.
+  MatmulI8Fn matmul_i8;
+  PackI8Fn pack_i8;
 
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x

@@ -539,6 +539,8 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.matmul[static_cast<int>(DType::kQ4_K)] = matmul_rows<dot_q45k_row<false>>;
   t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_rows<dot_q45k_row<true>>;
   t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_rows<dot_q6k_row>;
+  // W8A8: the scalar level's per-row kernel until the ARM levels have their own.
+  t.matmul_i8 = kernels_scalar().matmul_i8;
   t.dot_f32 = dot_f32_neon;
   t.axpy_f32 = axpy_f32_neon;
   t.scale_f32 = scale_f32_neon;

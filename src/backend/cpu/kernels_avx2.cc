@@ -4,6 +4,8 @@
 #include "backend/cpu/kernels_x86_impl.h"
 // AVX2-only batched matmul kernels (packed half panels), added to the shared table.
 #include "backend/cpu/kernels_avx2_gemm.h"
+// W8A8 (int8 x int8) kernels, shared by both x86 levels.
+#include "backend/cpu/kernels_x86_w8a8.h"
 
 namespace dserve::cpu {
 
@@ -11,6 +13,7 @@ const KernelTable& kernels_avx2() {
   static const KernelTable table = [] {
     KernelTable t = make_x86_table(CpuIsa::kAvx2);
     add_avx2_batched(t);
+    add_x86_w8a8(t);
     return t;
   }();
   return table;

@@ -230,6 +230,21 @@ void matmul_tile(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_s
   }
 }
 
+// W8A8 (kernels.h, MatmulI8Fn): the exact int32 dot of two int8 rows, scaled once.
+void matmul_i8(const uint8_t* w, size_t w_stride, const float* w_scales, const uint8_t* x,
+               size_t x_stride, int64_t k, int64_t n_rows, int64_t n_tokens, float* y,
+               int64_t y_stride) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const Q8TokenRow a = q8token_row(x + t * x_stride, k);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const auto* q = reinterpret_cast<const int8_t*>(w + r * w_stride);
+      int32_t sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += int32_t{q[j]} * int32_t{a.qs[j]};
+      y[t * y_stride + r] = static_cast<float>(sum) * (w_scales[r] * a.d);
+    }
+  }
+}
+
 // ---- float helpers ----
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -328,6 +343,7 @@ KernelTable make_table() {
   t.matmul[static_cast<int>(DType::kQ4_K)] = matmul_tile<DType::kQ4_K>;
   t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_tile<DType::kQ5_K>;
   t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_tile<DType::kQ6_K>;
+  t.matmul_i8 = matmul_i8;
   t.dot_f32 = dot_f32;
   t.axpy_f32 = axpy_f32;
   t.scale_f32 = scale_f32;

@@ -12,6 +12,11 @@
 // KernelTable::matmul_packed), else the level's batched kernel for the type, which
 // repacks 16 rows at a time into per-thread scratch (matmul_batched), else the
 // per-row tile kernels (matmul[]). The first two give the same bits.
+//
+// W8A8 weights (DType::kI8) take activations quantised per token (or with the
+// weight's static input scale): their packed copy serves every token count, else
+// the level's per-row int8 kernel (matmul_i8). Weights of one group that need
+// different static scales run as groups of their own.
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"
@@ -59,11 +64,29 @@ struct TargetPlan {
 struct GroupInput {
   int64_t k = 0;  // 0: the group has no work
   bool need_tiles = false;
-  bool need_rows[3] = {false, false, false};
+  bool need_rows[kNumActFormats] = {};
+  float i8_input_scale = 0.0f;  // kQ8Token rows: the static scale, 0 for per token
   int64_t tiles_at = 0;
-  int64_t rows_at[3] = {0, 0, 0};
-  int64_t row_bytes[3] = {0, 0, 0};
+  int64_t rows_at[kNumActFormats] = {};
+  int64_t row_bytes[kNumActFormats] = {};
 };
+
+// True if some group has I8 weights whose activations need different static scales.
+bool mixed_i8_scales(const MatmulGroup* groups, int n_groups) {
+  for (int g = 0; g < n_groups; ++g) {
+    const float* first = nullptr;
+    for (int i = 0; i < groups[g].n_targets; ++i) {
+      const TensorView& w = *groups[g].targets[i].w;
+      if (w.dtype != DType::kI8) continue;
+      if (first == nullptr) {
+        first = &w.input_scale;
+      } else if (w.input_scale != *first) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -72,7 +95,8 @@ const uint8_t* CpuBackend::packed_for(const TensorView& w) const {
   const auto it = packed_.find(w.data);
   if (it == packed_.end()) return nullptr;
   const PackedWeight& p = it->second;
-  if (p.dtype != w.dtype || w.n_dims() != 2 || p.n_rows != w.shape[0] || p.k != w.shape[1]) {
+  if (p.dtype != w.dtype || w.n_dims() != 2 || p.n_rows != w.shape[0] || p.k != w.shape[1] ||
+      p.row_scales != w.row_scales) {
     return nullptr;
   }
   return p.panels;
@@ -80,20 +104,28 @@ const uint8_t* CpuBackend::packed_for(const TensorView& w) const {
 
 void CpuBackend::prepare_matmul_weight(const TensorView& w) {
   const int type = static_cast<int>(w.dtype);
-  if (w.n_dims() != 2 || type >= kNumDTypes || kernels_.pack_weight[type] == nullptr) return;
+  if (w.n_dims() != 2 || type >= kNumDTypes) return;
+  const bool is_i8 = w.dtype == DType::kI8;
+  if (is_i8 ? kernels_.pack_i8 == nullptr || w.row_scales == nullptr
+            : kernels_.pack_weight[type] == nullptr) {
+    return;
+  }
   const int64_t n = w.shape[0], k = w.shape[1];
   if (n == 0 || k % 32 != 0) return;
   const int64_t panel_bytes = kernels_.packed_layout[type].panel_bytes(k);
   const int64_t n_panels = (n + kMatmulPackRows - 1) / kMatmulPackRows;
-  PackedWeight p{w.dtype, n, k, ScratchBuffer(), nullptr, 0};
+  PackedWeight p{w.dtype, n, k, w.row_scales, ScratchBuffer(), nullptr, 0};
   uint8_t* out = p.storage.get(static_cast<size_t>(n_panels * panel_bytes));
   p.panels = out;
-  const PackWeightFn pack = kernels_.pack_weight[type];
   const size_t w_stride = w.row_bytes();
   pool_.parallel_for(n_panels, 1, [&](int64_t begin, int64_t end, int) {
     const int64_t r0 = begin * kMatmulPackRows;
-    pack(w.row(r0), w_stride, std::min(n, end * kMatmulPackRows) - r0, k,
-         out + begin * panel_bytes);
+    const int64_t rows = std::min(n, end * kMatmulPackRows) - r0;
+    if (is_i8) {
+      kernels_.pack_i8(w.row(r0), w_stride, w.row_scales + r0, rows, k, out + begin * panel_bytes);
+    } else {
+      kernels_.pack_weight[type](w.row(r0), w_stride, rows, k, out + begin * panel_bytes);
+    }
   });
   if (auto old = packed_.find(w.data); old != packed_.end()) {  // prepared again: replaced
     prepared_bytes_ -= old->second.bytes;
@@ -117,6 +149,15 @@ void CpuBackend::matmul_many(const float* x, int64_t n_tokens, const MatmulTarge
 }
 
 void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
+  if (mixed_i8_scales(groups, n_groups)) {  // rare: each target with its own activations
+    for (int g = 0; g < n_groups; ++g) {
+      for (int i = 0; i < groups[g].n_targets; ++i) {
+        const MatmulGroup one{groups[g].x, groups[g].n_tokens, &groups[g].targets[i], 1};
+        matmul_grouped(&one, 1);
+      }
+    }
+    return;
+  }
   // 1. Each target's path; each group's activation forms, with their places in the
   // shared buffers (a group's tiles start on a tile boundary of their own).
   int n_all = 0;
@@ -130,7 +171,7 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
   auto* plans = reinterpret_cast<TargetPlan*>(plan_memory);
   auto* inputs = reinterpret_cast<GroupInput*>(plan_memory + static_cast<size_t>(n_all) * sizeof(TargetPlan));
   const int64_t tile = kernels_.matmul_batched_tile;
-  int64_t tile_bytes = 0, rows_bytes[3] = {0, 0, 0}, total_values = 0;
+  int64_t tile_bytes = 0, rows_bytes[kNumActFormats] = {}, total_values = 0;
   int n_plans = 0;
   for (int g = 0; g < n_groups; ++g) {
     const MatmulGroup& group = groups[g];
@@ -149,7 +190,15 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       DS_CHECK(type < kNumDTypes);
       TargetPlan& plan = plans[n_plans++];
       plan = TargetPlan{g, i, Path::kRows, nullptr};
-      plan.packed = batched_ok && kernels_.matmul_packed[type] != nullptr ? packed_for(w) : nullptr;
+      const bool is_i8 = w.dtype == DType::kI8;
+      if (is_i8) {
+        DS_CHECK_MSG(w.row_scales != nullptr, "matmul: an i8 weight without row scales");
+        in.i8_input_scale = w.input_scale;
+      }
+      // I8's packed kernel serves every token count (no separate batched kernel).
+      plan.packed = (batched_ok || is_i8) && kernels_.matmul_packed[type] != nullptr
+                        ? packed_for(w)
+                        : nullptr;
       if (plan.packed != nullptr) {
         plan.path = Path::kPacked;
       } else if (batched_ok && kernels_.matmul_batched[type] != nullptr) {
@@ -168,19 +217,21 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       in.tiles_at = tile_bytes;
       tile_bytes += q8x32_tiles_bytes(k, group.n_tokens, tile);
     }
-    for (int fi = 1; fi < 3; ++fi) {  // the int8 formats; F32 rows are x itself
+    for (int fi = 1; fi < kNumActFormats; ++fi) {  // the int8 formats; F32 rows are x itself
       if (!in.need_rows[fi]) continue;
       in.row_bytes[fi] = act_row_bytes(static_cast<ActFormat>(fi), k);
       in.rows_at[fi] = rows_bytes[fi];
       rows_bytes[fi] += in.row_bytes[fi] * group.n_tokens;
     }
-    if (in.need_tiles || in.need_rows[1] || in.need_rows[2]) total_values += group.n_tokens * k;
+    if (in.need_tiles || in.need_rows[1] || in.need_rows[2] || in.need_rows[3]) {
+      total_values += group.n_tokens * k;
+    }
   }
 
   // 2. The activations in those forms, quantised once for all the group's targets.
   uint8_t* tiles = tile_bytes > 0 ? act_tiles_.get(static_cast<size_t>(tile_bytes)) : nullptr;
-  uint8_t* quantised[3] = {nullptr, nullptr, nullptr};
-  for (int fi = 1; fi < 3; ++fi) {
+  uint8_t* quantised[kNumActFormats] = {};
+  for (int fi = 1; fi < kNumActFormats; ++fi) {
     if (rows_bytes[fi] > 0) quantised[fi] = act_rows_[fi].get(static_cast<size_t>(rows_bytes[fi]));
   }
   auto quantize_tokens = [&](const GroupInput& in, const float* x, int64_t begin, int64_t end) {
@@ -192,6 +243,10 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       }
       if (in.need_rows[2]) {
         kernels_.quantize_q8x256(xt, in.k, quantised[2] + in.rows_at[2] + t * in.row_bytes[2]);
+      }
+      if (in.need_rows[3]) {
+        quantize_q8_token(xt, in.k, in.i8_input_scale,
+                          quantised[3] + in.rows_at[3] + t * in.row_bytes[3]);
       }
     }
   };
@@ -283,11 +338,14 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     const int type = static_cast<int>(w.dtype);
     const int64_t w_stride = static_cast<int64_t>(w.row_bytes());
     const uint8_t* wb = w.row(task.r0);
-    // The batched kernels' activations from token t0 on: tiles, or K-quants' rows.
-    const bool in_tiles = act_format_for(w.dtype) == ActFormat::kQ8x32;
+    // The batched kernels' activations from token t0 on: tiles, or K-quants' / I8's
+    // rows.
+    const int fmt = static_cast<int>(act_format_for(w.dtype));
     auto batched_x = [&](int64_t t0) -> const uint8_t* {
-      if (in_tiles) return tiles + in.tiles_at + q8x32_tiles_bytes(k, t0, tile);
-      return quantised[2] + in.rows_at[2] + t0 * in.row_bytes[2];
+      if (fmt == static_cast<int>(ActFormat::kQ8x32)) {
+        return tiles + in.tiles_at + q8x32_tiles_bytes(k, t0, tile);
+      }
+      return quantised[fmt] + in.rows_at[fmt] + t0 * in.row_bytes[fmt];
     };
     switch (task.path) {
       case Path::kPacked: {
@@ -311,10 +369,18 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
         break;
       }
       case Path::kRows: {
-        const int fi = static_cast<int>(act_format_for(w.dtype));
+        const int fi = fmt;
         const uint8_t* rows = fi == 0 ? reinterpret_cast<const uint8_t*>(group.x)
                                       : quantised[fi] + in.rows_at[fi];
         const int64_t row_bytes = fi == 0 ? k * 4 : in.row_bytes[fi];
+        if (w.dtype == DType::kI8) {
+          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
+            kernels_.matmul_i8(wb, w_stride, w.row_scales + task.r0, rows + t0 * row_bytes,
+                               row_bytes, k, task.n_rows, std::min(kTokenBlock, n_tokens - t0),
+                               y + t0 * n + task.r0, n);
+          }
+          break;
+        }
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
           kernels_.matmul[type](wb, w_stride, rows + t0 * row_bytes, row_bytes, k, task.n_rows,
                                 std::min(kTokenBlock, n_tokens - t0), y + t0 * n + task.r0, n);
