@@ -50,6 +50,7 @@ struct LlmOptions {
   std::optional<uint64_t> seed;  // seeds unseeded requests' RNGs; none: random
   int n_threads = 0;  // 0: one per core
   std::string isa;    // force "scalar", "avx2" or "avx512" kernels; empty: best available
+  std::string quantization;  // expected weight quantisation (ModelFiles::open); empty: any
   // Optional: loads the model in place of load_causal_lm(files, backend, context), e.g.
   // as rank 0 of a tensor-parallel group (the CLI's launcher). On any other rank it
   // does not return.

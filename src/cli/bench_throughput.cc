@@ -39,6 +39,7 @@ Status bench(const BenchThroughputOptions& o) {
   lo.enable_prefix_caching = !o.no_enable_prefix_caching;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
+  lo.quantization = o.common.quantization;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LLM> llm, LLM::create(path, lo));
 
   std::vector<SampleRequest> samples;

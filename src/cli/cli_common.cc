@@ -49,7 +49,7 @@ Result<std::unique_ptr<ModelFiles>> open_model_files(const CommonOptions& option
     }
     return not_found(path + ": no such file or directory");
   }
-  return ModelFiles::open(path);
+  return ModelFiles::open(path, options.quantization);
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const CommonOptions& options) {

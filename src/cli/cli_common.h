@@ -26,6 +26,9 @@ struct CommonOptions {
   bool pin_threads = false;
   std::string log_level = "warning";
   std::string isa;  // force "scalar", "avx2" or "avx512" kernels; empty: best available
+  // The weights' quantisation the user expects ("compressed-tensors", "ascend");
+  // empty: whatever the files say (ModelFiles::open).
+  std::string quantization;
 };
 
 // $DSERVE_MODEL, else $DSERVE_CACHE (default ~/.cache/dserve)/models/<default gguf>.

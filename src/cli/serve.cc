@@ -97,6 +97,10 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
       ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon", "neon-dotprod"}));
+  cmd->add_option("--quantization", o->common.quantization,
+                  "the weights' quantisation: compressed-tensors (W8A8) or ascend; default: "
+                  "read from the files (a mismatch is an error)")
+      ->check(CLI::IsMember({"compressed-tensors", "ascend"}));
   o->common.log_level = "info";
   return cmd;
 }
@@ -203,6 +207,7 @@ int run_serve(ServeOptions o) {
   lo.seed = o.seed;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
+  lo.quantization = o.common.quantization;
   if (o.tp.size > 1) {
     lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
       return load_model_on_ranks(o.tp, std::move(files), backend, context,

@@ -60,7 +60,7 @@ static Result<int64_t> kv_budget_from_utilization(const LlmOptions& o, const Mod
 
 Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const LlmOptions& o) {
   std::unique_ptr<LLM> llm(new LLM());
-  DS_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files, ModelFiles::open(model_path));
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files, ModelFiles::open(model_path, o.quantization));
   DS_ASSIGN_OR_RETURN(ModelInfo info, read_model_info(*files));
   Result<std::unique_ptr<Tokenizer>> tok = Tokenizer::from_model_files(*files);
   if (tok.ok()) {

@@ -2,11 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
 #include "base/log.h"
 #include "base/progress_bar.h"
+#include "loader/compressed_tensors.h"
 #include "loader/gguf_names.h"
 #include "loader/safetensors_file.h"
 
@@ -154,7 +156,73 @@ Status ModelFiles::open_hf_dir() {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<ModelFiles>> ModelFiles::open(const std::string& path) {
+Status ModelFiles::apply_quantization(const std::string& expected) {
+  if (!expected.empty() && expected != "compressed-tensors" && expected != "ascend") {
+    return invalid_argument("--quantization " + expected +
+                            ": unknown (compressed-tensors, ascend, or leave it out)");
+  }
+  const std::string config = path_ + "/config.json";
+  const bool ascend = format_ == ModelFormat::kHuggingFace &&
+                      path_exists(path_ + "/quant_model_description.json");
+  if (format_ == ModelFormat::kHuggingFace && is_compressed_tensors(hf_config_)) {
+    quantization_ = "compressed-tensors";
+  } else if (ascend) {
+    quantization_ = "ascend";
+  }
+  if (!expected.empty() && expected != quantization_) {
+    return invalid_argument(
+        path_ + ": --quantization " + expected + " but the files are " +
+        (quantization_.empty() ? std::string("not quantised that way")
+                               : "quantised as " + quantization_) +
+        (quantization_ == "compressed-tensors" ? " (config.json quantization_config)" : "") +
+        (quantization_ == "ascend" ? " (quant_model_description.json)" : ""));
+  }
+  if (quantization_ == "ascend") {
+    return unimplemented(path_ + ": msModelSlim's W8A8 layout (quant_model_description.json, "
+                         "--quantization ascend) is not read yet");
+  }
+  if (quantization_ == "compressed-tensors") {
+    DS_RETURN_IF_ERROR(attach_compressed_tensors(hf_config_, config + ": quantization_config",
+                                                 &tensors_, &scales_));
+  }
+  for (const auto& [name, t] : tensors_) {  // no int8 weight without its scales
+    if (t.dtype == DType::kI8 && t.row_scales == nullptr) {
+      return corrupt(path_ + ": int8 tensor '" + name + "' has no scale: config.json declares " +
+                     "no quantization (quant_method compressed-tensors) that would give it one");
+    }
+  }
+  return Status::Ok();
+}
+
+std::string ModelFiles::weights_summary() const {
+  struct Count {
+    int64_t n_tensors = 0;
+    size_t bytes = 0;
+  };
+  std::map<std::string, Count> by_format;
+  for (const auto& [name, t] : tensors_) {
+    std::string f(dtype_name(t.dtype));
+    if (t.dtype == DType::kI8) {
+      f = t.input_scale > 0.0f ? "i8 W8A8 (static activation scale)"
+                               : "i8 W8A8 (per-token activations)";
+    }
+    Count& c = by_format[f];
+    ++c.n_tensors;
+    c.bytes += t.n_bytes;
+  }
+  std::string out;
+  for (const auto& [f, c] : by_format) {
+    if (!out.empty()) out += "; ";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ": %.1f MiB in %lld tensors",
+                  static_cast<double>(c.bytes) / (1 << 20), static_cast<long long>(c.n_tensors));
+    out += f + buf;
+  }
+  return out;
+}
+
+Result<std::unique_ptr<ModelFiles>> ModelFiles::open(const std::string& path,
+                                                    const std::string& quantization) {
   auto files = std::unique_ptr<ModelFiles>(new ModelFiles());
   // Trailing slashes would otherwise end up in every error message as "dir//file".
   files->path_ = path;
@@ -170,8 +238,11 @@ Result<std::unique_ptr<ModelFiles>> ModelFiles::open(const std::string& path) {
   } else {
     return invalid_argument(path + ": expected a Hugging Face model directory or a .gguf file");
   }
+  DS_RETURN_IF_ERROR(files->apply_quantization(quantization));
   DS_LOG_INFO("{}: {} tensors, {:.1f} MiB", files->path_, files->tensors_.size(),
               static_cast<double>(files->total_tensor_bytes()) / (1 << 20));
+  DS_LOG_INFO("{}: weights {}{}", files->path_, files->weights_summary(),
+              files->quantization_.empty() ? "" : " (" + files->quantization_ + ")");
   return files;
 }
 

@@ -36,8 +36,12 @@ enum class ModelFormat { kHuggingFace, kGguf };
 class ModelFiles {
  public:
   // `path` is a directory (Hugging Face layout) or a .gguf file. Errors name the
-  // offending file and what is wrong with it.
-  static Result<std::unique_ptr<ModelFiles>> open(const std::string& path);
+  // offending file and what is wrong with it. `quantization` is what the caller
+  // expects the weights to be: "compressed-tensors" (W8A8, loader/compressed_tensors.h),
+  // "ascend" (msModelSlim's layout: not read yet), or empty to take what the files
+  // say; files that say otherwise are an InvalidArgument error.
+  static Result<std::unique_ptr<ModelFiles>> open(const std::string& path,
+                                                  const std::string& quantization = "");
   ~ModelFiles();
   ModelFiles(const ModelFiles&) = delete;
   ModelFiles& operator=(const ModelFiles&) = delete;
@@ -66,11 +70,19 @@ class ModelFiles {
   bool rope_pairs_interleaved() const { return rope_pairs_interleaved_; }
 
   size_t total_tensor_bytes() const;
+  // The weights' quantisation format: "compressed-tensors", or empty for none.
+  const std::string& quantization() const { return quantization_; }
+  // One line for start-up logs: the weights' formats and bytes ("i8 W8A8 dynamic
+  // per-token activations: 1.2 MiB in 14 tensors; f32: ...").
+  std::string weights_summary() const;
 
  private:
   ModelFiles() = default;
   Status open_gguf();
   Status open_hf_dir();
+  // Applies the checkpoint's quantisation (scales onto int8 weights), checked against
+  // the caller's expectation `expected` (see open()).
+  Status apply_quantization(const std::string& expected);
   // Adds the tensors of one safetensors file; `expected` (from the index) must all be in it.
   Status add_safetensors(const std::string& file, const std::set<std::string>* expected);
   static const nlohmann::json* opt(const nlohmann::json& j) { return j.is_null() ? nullptr : &j; }
@@ -82,6 +94,8 @@ class ModelFiles {
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::map<std::string, TensorView> tensors_;
   bool rope_pairs_interleaved_ = false;
+  std::string quantization_;
+  std::vector<std::vector<float>> scales_;  // float copies of int8 weights' scales
 };
 
 }  // namespace dserve

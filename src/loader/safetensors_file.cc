@@ -20,6 +20,7 @@ std::optional<DType> dtype_from_name(const std::string& s) {
   if (s == "F16") return DType::kF16;
   if (s == "BF16") return DType::kBF16;
   if (s == "F8_E4M3") return DType::kF8_E4M3;  // DeepSeek FP8 weights (with block scales)
+  if (s == "I8") return DType::kI8;  // W8A8 weights (row scales: loader/compressed_tensors.h)
   return std::nullopt;
 }
 
@@ -101,7 +102,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     if (!dtype) {
       if (is_known_dtype(dtype_str)) {
         return unimplemented(path + ": " + where + " has dtype " + dtype_str +
-                             "; dserve supports F32, F16, BF16 and F8_E4M3");
+                             "; dserve supports F32, F16, BF16, F8_E4M3 and I8");
       }
       return bad(where + " has unknown dtype '" + dtype_str + "'");
     }

@@ -23,6 +23,8 @@ TensorView row_slice(const TensorView& t, int64_t first, int64_t n_rows) {
   v.shape = {n_rows, t.row_length()};
   v.data = t.row(first);
   v.n_bytes = static_cast<size_t>(n_rows) * t.row_bytes();
+  if (t.row_scales != nullptr) v.row_scales = t.row_scales + first;  // I8: its rows' scales
+  v.input_scale = t.input_scale;
   return v;
 }
 
@@ -166,6 +168,21 @@ Status DeepseekModel::build_absorbed(int layer, LayerWeights* w) {
                      "kv_b_proj.weight' is missing (required by " + c.source + ")");
   }
   if (k_b != nullptr) return Status::Ok();
+  if (w->kv_b->dtype == DType::kI8) {
+    // W8A8 checkpoints: kv_b_proj is only ever used absorbed, as float matrices (as
+    // vLLM's MLA does), so it is dequantised here once, with its row scales.
+    const TensorView& q = *w->kv_b;
+    TensorView f;
+    f.dtype = DType::kF32;
+    f.shape = q.shape;
+    std::vector<uint8_t> bytes(static_cast<size_t>(q.n_elements()) * 4);
+    float* out = reinterpret_cast<float*>(bytes.data());
+    for (int64_t i = 0; i < q.shape[0]; ++i) {
+      dequantize_row(q.dtype, q.row(i), out + i * r, r);
+      for (int64_t j = 0; j < r; ++j) out[i * r + j] *= q.row_scales[i];
+    }
+    w->kv_b = own(std::move(f), std::move(bytes));
+  }
   const TensorView& kv_b = *w->kv_b;  // [H * (nope + v), r]
   const bool f32 = kv_b.dtype == DType::kF32;
   const size_t elem = f32 ? 4 : 2;

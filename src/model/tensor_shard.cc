@@ -19,6 +19,7 @@ Result<const TensorView*> TensorShards::rows(const TensorView& t, const std::str
   } else {
     v.data = t.row(begin);
     v.n_bytes = static_cast<size_t>(end - begin) * t.row_bytes();
+    if (t.row_scales != nullptr) v.row_scales = t.row_scales + begin;  // I8: the rows' scales
   }
   views_.push_back(std::move(v));
   return &views_.back();
