@@ -43,10 +43,11 @@ deps:
 
 venv: $(VENV)/.stamp
 
-$(VENV)/.stamp: requirements-test.txt
+$(VENV)/.stamp: requirements-test.txt requirements-test-nodeps.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements-test.txt
+	$(PY) -m pip install -q --no-deps -r requirements-test-nodeps.txt
 	touch $@
 
 model: $(DEFAULT_MODEL)

@@ -63,8 +63,9 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   cmd->add_option("--seed", o->seed, "seed for requests that bring none (default: random)");
   cmd->add_option("--dtype", o->dtype, "activation dtype: auto or float32")->capture_default_str();
   cmd->add_option("--quantization,-q", o->quantization,
-                  "weight quantisation: empty (as stored; GGUF and FP8 checkpoints are "
-                  "detected) or fp8");
+                  "weight quantisation: empty (as stored; GGUF, FP8 and W8A8 checkpoints are "
+                  "detected), fp8, compressed-tensors (W8A8) or ascend; one the files "
+                  "contradict is an error");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "reuse KV blocks of shared prompt prefixes (default on)");
   cmd->add_option("--chat-template", o->chat_template,
@@ -97,10 +98,6 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
       ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon", "neon-dotprod"}));
-  cmd->add_option("--quantization", o->common.quantization,
-                  "the weights' quantisation: compressed-tensors (W8A8) or ascend; default: "
-                  "read from the files (a mismatch is an error)")
-      ->check(CLI::IsMember({"compressed-tensors", "ascend"}));
   o->common.log_level = "info";
   return cmd;
 }
@@ -120,7 +117,8 @@ Status check_unbuilt(const ServeOptions& o) {
                          ": the CPU backend computes in float32 (weights stay as stored); use "
                          "auto or float32");
   }
-  if (!o.quantization.empty() && o.quantization != "fp8") {
+  if (!o.quantization.empty() && o.quantization != "fp8" &&
+      o.quantization != "compressed-tensors" && o.quantization != "ascend") {
     return unimplemented("--quantization " + o.quantization +
                          " is not built yet (GGUF quantisations and FP8 checkpoints load as "
                          "stored)");
@@ -207,7 +205,8 @@ int run_serve(ServeOptions o) {
   lo.seed = o.seed;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
-  lo.quantization = o.common.quantization;
+  // fp8 is how FP8 checkpoints load anyway; the W8A8 formats are checked by the loader.
+  lo.quantization = o.quantization == "fp8" ? "" : o.quantization;
   if (o.tp.size > 1) {
     lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
       return load_model_on_ranks(o.tp, std::move(files), backend, context,
