@@ -93,7 +93,9 @@ std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k, std::mt19937&
       case DType::kF32:
       case DType::kF16:
       case DType::kBF16:
-      case DType::kF8_E4M3: break;
+      case DType::kF8_E4M3:
+      case DType::kQ5_0:
+      case DType::kQ5_1: break;
     }
   }
   return w;
@@ -125,7 +127,9 @@ int act_block(DType t) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K: return 256;
-    case DType::kF8_E4M3: return 0;
+    case DType::kF8_E4M3:
+    case DType::kQ5_0:
+    case DType::kQ5_1: return 0;
   }
   return 0;
 }
