@@ -34,7 +34,10 @@ struct Shape {
 constexpr Shape kShapes[] = {{"attn_576x576", 576, 576},
                              {"ffn_up_1536x576", 1536, 576},
                              {"ffn_down_576x1536", 576, 1536},
-                             {"vocab_49152x576", 49152, 576}};
+                             {"vocab_49152x576", 49152, 576},
+                             // DeepSeek-V3-shaped (tools/make_moe_gguf.py): a vocabulary
+                             // projection larger than any cache, with K-quant-sized rows.
+                             {"vocab_65536x1024", 65536, 1024}};
 constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16,
                             DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
                             DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
@@ -91,7 +94,7 @@ int main(int argc, char** argv) {
   for (int64_t n_tokens : token_counts) {
     for (DType t : kTypes) {
       for (const Shape& s : kShapes) {
-        // K-quant rows are whole 256-blocks: only n_in = 1536 qualifies at these shapes.
+        // K-quant rows are whole 256-blocks: only n_in = 1536 and 1024 qualify here.
         if (s.n_in % dtype_info(t).block_size != 0) continue;
         const std::string kind = n_tokens == 1    ? "decode/"
                                  : n_tokens == 64 ? "prefill64/"

@@ -11,6 +11,7 @@
 #include "loader/compressed_tensors.h"
 #include "loader/gguf_names.h"
 #include "loader/safetensors_file.h"
+#include "tensor/requantize.h"
 
 namespace dserve {
 namespace {
@@ -77,12 +78,36 @@ Status ModelFiles::open_gguf() {
   DS_ASSIGN_OR_RETURN(gguf_, GgufFile::open(path_));
   ProgressBar progress("validating " + path_, static_cast<int64_t>(gguf_->tensors().size()));
   int64_t done = 0;
-  for (const auto& [gguf_name, view] : gguf_->tensors()) {
+  size_t converted_from = 0, converted_to = 0;
+  int n_converted = 0;
+  for (const auto& [gguf_name, raw] : gguf_->tensors()) {
     std::string hf_name = gguf_to_hf_name(gguf_name);
+    TensorView view = raw;
+    if (std::optional<DType> to = kernel_dtype_for(raw.dtype)) {
+      // Storage-only types (Q5_0, Q5_1): converted once, exactly (tensor/requantize.h).
+      view.dtype = *to;
+      view.n_bytes = dtype_bytes(*to, raw.n_elements());
+      std::vector<uint8_t>& bytes = converted_.emplace_back(view.n_bytes);
+      const int64_t n_rows = raw.n_rows(), k = raw.row_length();
+      for (int64_t r = 0; r < n_rows; ++r) {
+        requantize_row(raw.dtype, static_cast<const uint8_t*>(raw.data) + r * raw.row_bytes(),
+                       bytes.data() + r * view.row_bytes(), k);
+      }
+      view.data = bytes.data();
+      converted_from += raw.n_bytes;
+      converted_to += view.n_bytes;
+      ++n_converted;
+    }
     if (!tensors_.emplace(hf_name, view).second) {
       return corrupt(path_ + ": two tensors map to the name '" + hf_name + "'");
     }
     progress.update(++done);
+  }
+  if (n_converted > 0) {
+    DS_LOG_INFO("{}: {} Q5_0/Q5_1 tensors converted at load (Q5_0 to Q8_0, Q5_1 to F32, "
+                "values unchanged): {:.1f} MiB in the file, {:.1f} MiB in memory",
+                path_, n_converted, static_cast<double>(converted_from) / (1 << 20),
+                static_cast<double>(converted_to) / (1 << 20));
   }
   Result<std::string> arch = gguf_->metadata().get_string("general.architecture");
   rope_pairs_interleaved_ = arch.ok() && *arch == "llama";

@@ -11,6 +11,9 @@
 // k_proj so that RoPE rotates adjacent pairs; rope_pairs_interleaved() says so and
 // the model applies RoPE accordingly (no copy of the weights is made).
 //
+// GGUF's Q5_0 / Q5_1 tensors are converted at open to types the kernels read, with
+// every value unchanged (tensor/requantize.h); gguf() still shows them as stored.
+//
 // Thread-safety: immutable after open().
 #pragma once
 
@@ -93,6 +96,9 @@ class ModelFiles {
   std::unique_ptr<GgufFile> gguf_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::map<std::string, TensorView> tensors_;
+  // Tensors converted at load from storage-only types (tensor/requantize.h); the
+  // views in tensors_ point into these (a vector's heap buffer does not move).
+  std::vector<std::vector<uint8_t>> converted_;
   bool rope_pairs_interleaved_ = false;
   std::string quantization_;
   std::vector<std::vector<float>> scales_;  // float copies of int8 weights' scales

@@ -44,6 +44,31 @@ void dequant_q4_1(const block_q4_1* x, float* y, int64_t n_blocks) {
   }
 }
 
+// The 5-bit value of element i (0..31) of a Q5_0 / Q5_1 block, before offset.
+int q5_value(const uint8_t* qs, const uint8_t* qh, int i) {
+  const uint32_t h = static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+                     static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
+  const int nibble = i < 16 ? (qs[i] & 0xF) : (qs[i - 16] >> 4);
+  return nibble | static_cast<int>((h >> i) & 1) << 4;
+}
+
+void dequant_q5_0(const block_q5_0* x, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const float d = f16_to_f32(x[i].d);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q5_value(x[i].qs, x[i].qh, j) - 16) * d;
+    y += 32;
+  }
+}
+
+void dequant_q5_1(const block_q5_1* x, float* y, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const float d = f16_to_f32(x[i].d);
+    const float m = f16_to_f32(x[i].m);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q5_value(x[i].qs, x[i].qh, j)) * d + m;
+    y += 32;
+  }
+}
+
 void dequant_q4_k(const block_q4_K* x, float* y, int64_t n_blocks) {
   for (int64_t i = 0; i < n_blocks; ++i) {
     const float d = f16_to_f32(x[i].d);
@@ -153,6 +178,8 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
     case DType::kQ4_K: dequant_q4_k(static_cast<const block_q4_K*>(src), dst, n_blocks); return;
     case DType::kQ5_K: dequant_q5_k(static_cast<const block_q5_K*>(src), dst, n_blocks); return;
     case DType::kQ6_K: dequant_q6_k(static_cast<const block_q6_K*>(src), dst, n_blocks); return;
+    case DType::kQ5_0: dequant_q5_0(static_cast<const block_q5_0*>(src), dst, n_blocks); return;
+    case DType::kQ5_1: dequant_q5_1(static_cast<const block_q5_1*>(src), dst, n_blocks); return;
     case DType::kI8: {  // without its row scales (applied by the caller)
       const auto* p = static_cast<const int8_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]);

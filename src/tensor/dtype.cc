@@ -18,6 +18,8 @@ const DTypeInfo& dtype_info(DType t) {
   static const DTypeInfo kQ6_K{"q6_k", 256, 210};
   static const DTypeInfo kI8{"i8", 1, 1};
   static const DTypeInfo kF8_E4M3{"f8_e4m3", 1, 1};
+  static const DTypeInfo kQ5_0{"q5_0", 32, 22};
+  static const DTypeInfo kQ5_1{"q5_1", 32, 24};
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
@@ -30,6 +32,8 @@ const DTypeInfo& dtype_info(DType t) {
     case DType::kQ6_K: return kQ6_K;
     case DType::kI8: return kI8;
     case DType::kF8_E4M3: return kF8_E4M3;
+    case DType::kQ5_0: return kQ5_0;
+    case DType::kQ5_1: return kQ5_1;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(t));
   return kF32;
@@ -47,6 +51,8 @@ std::optional<DType> dtype_from_ggml_type(uint32_t ggml_type) {
     case 1: return DType::kF16;
     case 2: return DType::kQ4_0;
     case 3: return DType::kQ4_1;
+    case 6: return DType::kQ5_0;
+    case 7: return DType::kQ5_1;
     case 8: return DType::kQ8_0;
     case 12: return DType::kQ4_K;
     case 13: return DType::kQ5_K;
@@ -62,6 +68,8 @@ uint32_t ggml_type_of(DType t) {
     case DType::kF16: return 1;
     case DType::kQ4_0: return 2;
     case DType::kQ4_1: return 3;
+    case DType::kQ5_0: return 6;
+    case DType::kQ5_1: return 7;
     case DType::kQ8_0: return 8;
     case DType::kQ4_K: return 12;
     case DType::kQ5_K: return 13;

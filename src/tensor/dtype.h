@@ -29,6 +29,12 @@ enum class DType : uint8_t {
   // float8_e4m3fn (safetensors F8_E4M3), as DeepSeek ships its weights with separate
   // 128 x 128 block scales. Converted at load (model/fp8_weights.h); no kernel reads it.
   kF8_E4M3,
+  // GGUF's 5-bit block types, which llama-quantize also writes where a K-quant does not
+  // fit (rows not a multiple of 256: Q4_K falls back to Q5_0, Q5_K to Q5_1). Storage
+  // only: ModelFiles converts them exactly at load (tensor/requantize.h); no kernel
+  // reads them.
+  kQ5_0,  // 32 x 5-bit, one f16 scale, offset -16
+  kQ5_1,  // 32 x 5-bit, f16 scale and f16 minimum
 };
 
 struct DTypeInfo {

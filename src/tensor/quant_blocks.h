@@ -41,6 +41,24 @@ struct block_q4_1 {
 };
 static_assert(sizeof(block_q4_1) == 20);
 
+// y[j] = d * (((qs[j] & 0xF) | b4(j)) - 16), y[j + 16] = d * (((qs[j] >> 4) | b4(j + 16)) - 16),
+// j < 16, where b4(i) = ((qh >> i) & 1) << 4 and qh is the little-endian uint32 in `qh`.
+struct block_q5_0 {
+  uint16_t d;            // f16 scale
+  uint8_t qh[4];         // fifth bits
+  uint8_t qs[kQK4 / 2];  // low nibbles
+};
+static_assert(sizeof(block_q5_0) == 22);
+
+// As Q5_0 without the offset, plus a minimum: y = d * q + m.
+struct block_q5_1 {
+  uint16_t d;  // f16 scale
+  uint16_t m;  // f16 minimum
+  uint8_t qh[4];
+  uint8_t qs[kQK4 / 2];
+};
+static_assert(sizeof(block_q5_1) == 24);
+
 // Super-block of 8 sub-blocks of 32. Sub-block s has scale d * sc[s] and minimum
 // dmin * mn[s], with sc/mn 6-bit values packed in `scales` (see q_k_scale_min()).
 // Elements 64*g + l (l < 32) are the low nibbles of qs[32*g + l]; 64*g + 32 + l the

@@ -61,7 +61,10 @@ std::optional<PreTokenizerSpec> spec_for(const std::string& pre) {
   if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "stablelm2") {
     return PreTokenizerSpec{json{{"type", "NFC"}}, sequence({split(kQwen2), byte_level(false)})};
   }
-  if (pre == "deepseek-v3") {
+  // llama.cpp's converter names a tokenizer by a hash of its encodings, so DeepSeek-V3's
+  // (which other models reuse) can come out of it under another model's name: the
+  // current converter writes "joyai-llm" for it. llama.cpp gives these the same rules.
+  if (pre == "deepseek-v3" || pre == "joyai-llm" || pre == "hunyuan-dense" || pre == "hy_v4") {
     return PreTokenizerSpec{
         json(), sequence({split(R"(\p{N}{1,3})"), split("[一-龥぀-ゟ゠-ヿ]+"),
                           split(kDeepseekV3Words), byte_level(false)})};

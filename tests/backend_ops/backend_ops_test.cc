@@ -94,7 +94,9 @@ std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k, std::mt19937&
       case DType::kF16:
       case DType::kBF16:
       case DType::kI8:  // scales beside the rows: see W8A8Weights
-      case DType::kF8_E4M3: break;
+      case DType::kF8_E4M3:
+      case DType::kQ5_0:
+      case DType::kQ5_1: break;
     }
   }
   return w;
@@ -127,7 +129,9 @@ int act_block(DType t) {
     case DType::kQ5_K:
     case DType::kQ6_K: return 256;
     case DType::kI8:
-    case DType::kF8_E4M3: return 0;
+    case DType::kF8_E4M3:
+    case DType::kQ5_0:
+    case DType::kQ5_1: return 0;
   }
   return 0;
 }

@@ -125,7 +125,8 @@ def make_tensors(rng):
     """(name, qtype, raw array for GGUFWriter, PyTorch shape) for every supported type."""
     out = []
     for qtype, shape in [(Q.F32, (3, 64)), (Q.F16, (5, 32)), (Q.BF16, (4, 96)),
-                         (Q.Q8_0, (6, 128)), (Q.Q4_0, (2, 3, 64)), (Q.Q4_1, (7, 32))]:
+                         (Q.Q8_0, (6, 128)), (Q.Q4_0, (2, 3, 64)), (Q.Q4_1, (7, 32)),
+                         (Q.Q5_0, (3, 128)), (Q.Q5_1, (2, 2, 96))]:
         x = rng.standard_normal(shape).astype(np.float32)
         x[0, ..., :3] = [0.0, 1e-3, -65000.0] if qtype != Q.F16 else [0.0, 1e-3, -6.5e4]
         out.append((f"t_{qtype.name.lower()}", qtype, gguf.quants.quantize(x, qtype), shape))
@@ -163,6 +164,22 @@ def check_all(tensor_dump, model, tensors, tmp_path):
         ref = gguf.quants.dequantize(raw, qtype).astype(np.float32)
         assert ref.shape == shape
         assert_same(data, ref, f"{name} ({qtype.name})")
+
+
+def test_q5_converted_at_load_exactly(tensor_dump, tmp_path):
+    """Q5_0 and Q5_1 (llama-quantize's fallback where rows are not a multiple of 256)
+    are converted when the model is opened, to Q8_0 and F32: every value stays what
+    gguf-py's dequantiser gives."""
+    tensors = [t for t in make_tensors(np.random.default_rng(7)) if t[1] in (Q.Q5_0, Q.Q5_1)]
+    path = tmp_path / "q5.gguf"
+    write_gguf(path, tensors)
+    ours = dump(tensor_dump, path, [t[0] for t in tensors], tmp_path, gguf_names=False)
+    for name, qtype, raw, shape in tensors:
+        info, data = ours[name]
+        assert info["dtype"] == {Q.Q5_0: "q8_0", Q.Q5_1: "f32"}[qtype], name
+        assert tuple(info["shape"]) == shape
+        ref = gguf.quants.dequantize(raw, qtype).astype(np.float32)
+        assert_same(data, ref, f"{name} ({qtype.name} converted)")
 
 
 @pytest.mark.parametrize("alignment", [None, 64])

@@ -27,6 +27,8 @@ ActFormat act_format_for(DType weight) {
     case DType::kI8:
       return ActFormat::kQ8Token;
     case DType::kF8_E4M3:  // converted at load (model/fp8_weights.h); no kernel
+    case DType::kQ5_0:     // converted at load (tensor/requantize.h); no kernel
+    case DType::kQ5_1:
       break;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(weight));
