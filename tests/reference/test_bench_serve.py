@@ -183,7 +183,11 @@ def test_latencies_match_the_scripted_delays(dserve_bin, default_model, tmp_path
                                    ("tpot", served_tpot, 20)):
         for stat, f in (("mean", statistics.fmean), ("median", statistics.median)):
             got = res[f"{stat}_{name}_ms"]
-            assert abs(got - f(served)) < TOL_MS, (stat, name, got, f(served))
+            # A median of few samples can take a different pair of middle values on the
+            # two sides when per-request gaps reorder them (a loaded machine): twice
+            # the tolerance there; the means must agree within it.
+            tol = TOL_MS if stat == "mean" else 2 * TOL_MS
+            assert abs(got - f(served)) < tol, (stat, name, got, f(served))
             assert abs(got - scripted) < 10, (stat, name, got)  # however loaded the machine
     assert abs(res["mean_e2el_ms"] - (res["mean_ttft_ms"] + 20 * (chunks - 1))) < 2 * TOL_MS
     assert all(len(itl) == chunks - 1 for itl in res["itls"])
