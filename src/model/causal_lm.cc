@@ -114,12 +114,8 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> fil
                                                  dist::Communicator* comm) {
   DS_ASSIGN_OR_RETURN(ModelInfo info, read_model_info(*files));
   if (is_deepseek_model(*files)) {
-    if (comm != nullptr && comm->size() > 1) {
-      return unimplemented(info.architecture + ": tensor parallelism is not built yet for DeepSeek "
-                           "(Llama and Qwen2 only)");
-    }
     DS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m,
-                        DeepseekModel::load(std::move(files), backend, max_context));
+                        DeepseekModel::load(std::move(files), backend, max_context, MlaPath::kAuto, comm));
     return std::unique_ptr<CausalLm>(new DeepseekLm(std::move(m), std::move(info)));
   }
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m,

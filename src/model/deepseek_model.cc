@@ -16,6 +16,8 @@ namespace {
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
 // Rows [first, first + n_rows) of a 2-D (or flattened) weight as its own view.
 TensorView row_slice(const TensorView& t, int64_t first, int64_t n_rows) {
   TensorView v;
@@ -45,7 +47,7 @@ DeepseekModel::~DeepseekModel() = default;
 
 Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<ModelFiles> files,
                                                            Backend& backend, int64_t max_context,
-                                                           MlaPath path) {
+                                                           MlaPath path, dist::Communicator* comm) {
   DS_ASSIGN_OR_RETURN(DeepseekConfig config, DeepseekConfig::from_model_files(*files));
   if (max_context < 0) return invalid_argument("context length must not be negative");
   if (max_context == 0) max_context = config.max_position_embeddings;
@@ -53,8 +55,23 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
       new DeepseekModel(std::move(files), backend, std::move(config)));
   model->max_context_ = max_context;
   model->path_ = path;
+  if (comm == nullptr) {
+    model->own_comm_ = dist::make_single_rank_communicator();
+    comm = model->own_comm_.get();
+  }
+  model->comm_ = comm;
+  DS_RETURN_IF_ERROR(model->plan_shards());
   DS_RETURN_IF_ERROR(model->bind_weights());
   DS_LOG_INFO("{}", model->config_.summary());
+  if (comm->size() > 1) {
+    const DeepseekConfig &c = model->config_, &sh = model->shard_;
+    DS_LOG_INFO("tensor parallel rank {}/{}: weights {} of {} bytes ({:.1f} of {:.1f} MiB; {:.1f} MiB "
+                "copied shards), {} of {} heads, dense FFN {} of {}, expert FFN {} of {}",
+                comm->rank(), comm->size(), model->rank_weight_bytes_, model->model_weight_bytes_,
+                mib(model->rank_weight_bytes_), mib(model->model_weight_bytes_),
+                mib(model->shards_.copied_bytes()), sh.n_heads, c.n_heads, sh.intermediate_size,
+                c.intermediate_size, sh.moe_intermediate_size, c.moe_intermediate_size);
+  }
   return model;
 }
 
@@ -68,6 +85,52 @@ const TensorView* DeepseekModel::own(TensorView view, std::vector<uint8_t> bytes
   }
   owned_.push_back(std::move(t));
   return &owned_.back()->view;
+}
+
+Status DeepseekModel::plan_shards() {
+  const DeepseekConfig& c = config_;
+  const int n = comm_->size(), r = comm_->rank();
+  shard_ = c;
+  head_begin_ = 0;
+  vocab_.init(c.vocab_size, r, n);
+  if (n == 1) return Status::Ok();
+  const std::string where = "--tensor-parallel-size " + std::to_string(n) + ": ";
+  auto divides = [&](int64_t value, const std::string& what) -> Status {
+    if (value % n == 0) return Status::Ok();
+    return invalid_argument(where + "does not divide the model's " + std::to_string(value) + " " + what);
+  };
+  DS_RETURN_IF_ERROR(divides(c.n_heads, "attention heads"));
+  DS_RETURN_IF_ERROR(divides(c.intermediate_size, "dense MLP intermediate width"));
+  if (c.n_routed_experts > 0) DS_RETURN_IF_ERROR(divides(c.moe_intermediate_size, "expert intermediate width"));
+  shard_.n_heads = c.n_heads / n;
+  shard_.intermediate_size = c.intermediate_size / n;
+  shard_.moe_intermediate_size = c.moe_intermediate_size / n;
+  head_begin_ = int64_t{r} * shard_.n_heads;
+  return Status::Ok();
+}
+
+Status DeepseekModel::take_rows(const TensorView** t, const std::string& name, int64_t b, int64_t e) {
+  if (comm_->size() == 1 || *t == nullptr) return Status::Ok();
+  const size_t full = (*t)->n_bytes;
+  DS_ASSIGN_OR_RETURN(*t, shards_.rows(**t, name, b, e));
+  rank_weight_bytes_ = rank_weight_bytes_ - full + (*t)->n_bytes;
+  return Status::Ok();
+}
+
+Status DeepseekModel::take_columns(const TensorView** t, const std::string& name, int64_t b, int64_t e) {
+  if (comm_->size() == 1 || *t == nullptr) return Status::Ok();
+  const size_t full = (*t)->n_bytes;
+  DS_ASSIGN_OR_RETURN(*t, shards_.columns(**t, name, b, e));
+  rank_weight_bytes_ = rank_weight_bytes_ - full + (*t)->n_bytes;
+  return Status::Ok();
+}
+
+// gate/up keep the rank's rows of the intermediate dimension, down its columns.
+Status DeepseekModel::shard_mlp(const std::string& prefix, int64_t inter, Mlp* m) {
+  const int64_t share = inter / comm_->size(), b = comm_->rank() * share;
+  DS_RETURN_IF_ERROR(take_rows(&m->gate, prefix + "gate_proj.weight", b, b + share));
+  DS_RETURN_IF_ERROR(take_rows(&m->up, prefix + "up_proj.weight", b, b + share));
+  return take_columns(&m->down, prefix + "down_proj.weight", b, b + share);
 }
 
 Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& expected,
@@ -91,6 +154,8 @@ Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& 
     return unimplemented(f.path() + ": tensor '" + name + "' has type " +
                          std::string(dtype_name(t->dtype)) + "; expected f32, f16 or bf16");
   }
+  model_weight_bytes_ += t->n_bytes;
+  rank_weight_bytes_ += t->n_bytes;  // take_rows / take_columns subtract what the rank drops
   *out = t;
   return Status::Ok();
 }
@@ -119,15 +184,26 @@ Status DeepseekModel::bind_experts(int layer, LayerWeights* w) {
         bind(p + "experts.up_proj.weight", {n_exp, inter, hidden}, true, false, &up));
     DS_RETURN_IF_ERROR(
         bind(p + "experts.down_proj.weight", {n_exp, hidden, inter}, true, false, &down));
+    // Each expert's share: its rows [e inter + b, + share) of gate/up, and its own
+    // [hidden, inter] block of down, cut by columns.
+    const int64_t share = shard_.moe_intermediate_size, b = comm_->rank() * share;
     for (int64_t e = 0; e < n_exp; ++e) {
-      w->experts[e].gate = own(row_slice(*gate, e * inter, inter), {});
-      w->experts[e].up = own(row_slice(*up, e * inter, inter), {});
+      w->experts[e].gate = own(row_slice(*gate, e * inter + b, share), {});
+      w->experts[e].up = own(row_slice(*up, e * inter + b, share), {});
       w->experts[e].down = own(row_slice(*down, e * hidden, hidden), {});
+      const std::string name = p + "experts.down_proj.weight[" + std::to_string(e) + "]";
+      DS_RETURN_IF_ERROR(take_columns(&w->experts[e].down, name, b, b + share));
+    }
+    if (comm_->size() > 1) {  // gate/up stacks were counted whole (down: by take_columns)
+      rank_weight_bytes_ -= gate->n_bytes + up->n_bytes;
+      for (const Mlp& m : w->experts) rank_weight_bytes_ += m.gate->n_bytes + m.up->n_bytes;
     }
     return Status::Ok();
   }
   for (int64_t e = 0; e < n_exp; ++e) {
-    DS_RETURN_IF_ERROR(bind_mlp(p + "experts." + std::to_string(e) + ".", inter, &w->experts[e]));
+    const std::string prefix = p + "experts." + std::to_string(e) + ".";
+    DS_RETURN_IF_ERROR(bind_mlp(prefix, inter, &w->experts[e]));
+    DS_RETURN_IF_ERROR(shard_mlp(prefix, inter, &w->experts[e]));
   }
   // More experts in the file than the config declares is a contradiction too.
   const std::string extra = p + "experts." + std::to_string(n_exp) + ".gate_proj.weight";
@@ -142,14 +218,16 @@ Status DeepseekModel::bind_experts(int layer, LayerWeights* w) {
 // space) and W_UV [v, r]. W_UV is a row slice of kv_b_proj; W_UKᵀ is a transposed
 // copy, kept in F32 for F32 checkpoints and BF16 otherwise (for V3: 128 heads x 512 x
 // 128 x 2 bytes = 16 MiB per layer). GGUF files may store both pre-split (attn_k_b
-// [H, r, nope], attn_v_b [H, v, r]), used as they are.
+// [H, r, nope], attn_v_b [H, v, r]), used as they are. Only this rank's heads are
+// built (w->kv_b holds their rows already).
 Status DeepseekModel::build_absorbed(int layer, LayerWeights* w) {
   const DeepseekConfig& c = config_;
-  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  const int64_t H_all = c.n_heads, H = shard_.n_heads, h0 = head_begin_;
+  const int64_t r = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
   const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
   const TensorView *k_b = nullptr, *v_b = nullptr;
-  DS_RETURN_IF_ERROR(bind(p + "k_b_proj.weight", {H, r, nope}, false, false, &k_b));
-  DS_RETURN_IF_ERROR(bind(p + "v_b_proj.weight", {H, vd, r}, false, false, &v_b));
+  DS_RETURN_IF_ERROR(bind(p + "k_b_proj.weight", {H_all, r, nope}, false, false, &k_b));
+  DS_RETURN_IF_ERROR(bind(p + "v_b_proj.weight", {H_all, vd, r}, false, false, &v_b));
   if ((k_b == nullptr) != (v_b == nullptr)) {
     return not_found(files_->path() + ": layer " + std::to_string(layer) +
                      " has only one of attn_k_b / attn_v_b; both or kv_b_proj are needed");
@@ -158,9 +236,11 @@ Status DeepseekModel::build_absorbed(int layer, LayerWeights* w) {
   w->w_uv.resize(H);
   if (k_b != nullptr) {
     for (int64_t h = 0; h < H; ++h) {
-      w->w_uk_t[h] = row_slice(*k_b, h * r, r);
-      w->w_uv[h] = row_slice(*v_b, h * vd, vd);
+      w->w_uk_t[h] = row_slice(*k_b, (h0 + h) * r, r);
+      w->w_uv[h] = row_slice(*v_b, (h0 + h) * vd, vd);
     }
+    // Counted whole by bind(); the rank reads its heads' share.
+    rank_weight_bytes_ -= (k_b->n_bytes + v_b->n_bytes) / H_all * (H_all - H);
     if (w->kv_b == nullptr) return Status::Ok();
   }
   if (w->kv_b == nullptr) {
@@ -217,13 +297,17 @@ Status DeepseekModel::bind_weights() {
   const DeepseekConfig& c = config_;
   const int64_t hidden = c.hidden_size, H = c.n_heads;
   const int64_t qk = c.qk_head_dim(), r = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+  // This rank's heads [h0, h0 + Hl) (all of them on one rank).
+  const int64_t h0 = head_begin_, Hl = shard_.n_heads;
   DS_RETURN_IF_ERROR(
       bind("model.embed_tokens.weight", {c.vocab_size, hidden}, true, false, &embed_));
+  DS_RETURN_IF_ERROR(take_rows(&embed_, "model.embed_tokens.weight", vocab_.begin(), vocab_.end()));
   DS_RETURN_IF_ERROR(bind("model.norm.weight", {hidden}, true, true, &final_norm_));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
     DS_RETURN_IF_ERROR(bind("lm_head.weight", {c.vocab_size, hidden}, true, false, &lm_head_));
+    DS_RETURN_IF_ERROR(take_rows(&lm_head_, "lm_head.weight", vocab_.begin(), vocab_.end()));
   }
   layers_.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -236,24 +320,30 @@ Status DeepseekModel::bind_weights() {
       DS_RETURN_IF_ERROR(
           bind(a + "q_a_layernorm.weight", {c.q_lora_rank}, true, true, &w.q_a_norm));
       DS_RETURN_IF_ERROR(bind(a + "q_b_proj.weight", {H * qk, c.q_lora_rank}, true, false, &w.q_b));
+      DS_RETURN_IF_ERROR(take_rows(&w.q_b, a + "q_b_proj.weight", h0 * qk, (h0 + Hl) * qk));
     } else {
       DS_RETURN_IF_ERROR(bind(a + "q_proj.weight", {H * qk, hidden}, true, false, &w.q_proj));
+      DS_RETURN_IF_ERROR(take_rows(&w.q_proj, a + "q_proj.weight", h0 * qk, (h0 + Hl) * qk));
     }
     DS_RETURN_IF_ERROR(
         bind(a + "kv_a_proj_with_mqa.weight", {r + rope, hidden}, true, false, &w.kv_a));
     DS_RETURN_IF_ERROR(bind(a + "kv_a_layernorm.weight", {r}, true, true, &w.kv_a_norm));
-    DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), r},
-                            false, false, &w.kv_b));
+    const int64_t kvb_rows = c.qk_nope_head_dim + c.v_head_dim;  // per head
+    DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * kvb_rows, r}, false, false, &w.kv_b));
+    DS_RETURN_IF_ERROR(take_rows(&w.kv_b, a + "kv_b_proj.weight", h0 * kvb_rows, (h0 + Hl) * kvb_rows));
     if (w.kv_b == nullptr) can_expand_ = false;
     DS_RETURN_IF_ERROR(build_absorbed(l, &w));
     DS_RETURN_IF_ERROR(
         bind(a + "o_proj.weight", {hidden, H * c.v_head_dim}, true, false, &w.o_proj));
+    DS_RETURN_IF_ERROR(
+        take_columns(&w.o_proj, a + "o_proj.weight", h0 * c.v_head_dim, (h0 + Hl) * c.v_head_dim));
     DS_RETURN_IF_ERROR(
         bind(p + "post_attention_layernorm.weight", {hidden}, true, true, &w.ffn_norm));
 
     w.moe = c.is_moe_layer(l);
     if (!w.moe) {
       DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.", c.intermediate_size, &w.dense));
+      DS_RETURN_IF_ERROR(shard_mlp(p + "mlp.", c.intermediate_size, &w.dense));
       continue;
     }
     const int64_t n_exp = c.n_routed_experts;
@@ -273,8 +363,9 @@ Status DeepseekModel::bind_weights() {
     }
     DS_RETURN_IF_ERROR(bind_experts(l, &w));
     if (c.n_shared_experts > 0) {
-      DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.shared_experts.",
-                                  c.moe_intermediate_size * c.n_shared_experts, &w.shared));
+      const int64_t shared_inter = c.moe_intermediate_size * c.n_shared_experts;
+      DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.shared_experts.", shared_inter, &w.shared));
+      DS_RETURN_IF_ERROR(shard_mlp(p + "mlp.shared_experts.", shared_inter, &w.shared));
     }
   }
   if (c.num_nextn_predict_layers > 0) {
@@ -339,7 +430,7 @@ std::unique_ptr<MlaKvCache> DeepseekModel::new_kv_cache() const {
 //   att [n, H, v] = attention(q [n, H, qk], k, v)
 void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const float* latent,
                                     int64_t n_kv, std::span<const int32_t> positions) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
                 rope = c.qk_rope_head_dim;
@@ -374,7 +465,7 @@ void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const floa
 template <typename LatentAttendFn>
 void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
                                     LatentAttendFn&& attend_latent) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
                 rope = c.qk_rope_head_dim;
@@ -425,7 +516,7 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
 // MLA for one layer: s.xb [n, hidden] (normed) -> s.att [n, H * v]; stores the
 // batch's latents in `kv`.
 void DeepseekModel::project_qkv(int layer, int64_t n, std::span<const int32_t> positions) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const LayerWeights& w = layers_[layer];
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, row = c.latent_dim(), nope = c.qk_nope_head_dim;
@@ -457,7 +548,7 @@ void DeepseekModel::project_qkv(int layer, int64_t n, std::span<const int32_t> p
 
 void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> positions,
                               MlaKvCache& kv, bool absorbed) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const LayerWeights& w = layers_[layer];
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, row = c.latent_dim();
@@ -481,7 +572,7 @@ void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> pos
 
 Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                               MlaKvCache& kv, LogitsFor which, std::vector<float>* logits) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return invalid_argument("forward: empty batch");
   if (positions.size() != tokens.size()) {
@@ -518,7 +609,7 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
       break;
   }
 
-  run_layers(tokens, [&](int l) { attention(l, n, positions, kv, absorbed); });
+  DS_RETURN_IF_ERROR(run_layers(tokens, [&](int l) { attention(l, n, positions, kv, absorbed); }));
   kv.set_n_tokens(end);
 
   std::vector<int32_t>& rows = scratch_.row_ids;
@@ -526,13 +617,12 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
   for (int64_t t = which == LogitsFor::kLast ? n - 1 : 0; t < n; ++t) {
     rows.push_back(static_cast<int32_t>(t));
   }
-  compute_logits(rows, logits);
-  return Status::Ok();
+  return compute_logits(rows, logits);
 }
 
 template <typename AttendFn>
-void DeepseekModel::run_layers(std::span<const int32_t> tokens, AttendFn&& attend) {
-  const DeepseekConfig& c = config_;
+Status DeepseekModel::run_layers(std::span<const int32_t> tokens, AttendFn&& attend) {
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t hidden = c.hidden_size, H = c.n_heads;
   Scratch& s = scratch_;
@@ -544,14 +634,17 @@ void DeepseekModel::run_layers(std::span<const int32_t> tokens, AttendFn&& atten
   s.att.resize(n * H * c.v_head_dim);
   s.moe_out.resize(n * hidden);
 
-  // x [n, hidden] = embedding rows
-  backend_.get_rows(*embed_, tokens.data(), n, s.x.data());
+  // x [n, hidden] = embedding rows (over the vocabulary's ranks)
+  DS_RETURN_IF_ERROR(vocab_.embed(backend_, *comm_, *embed_, tokens, hidden, s.x.data()));
+  const std::span<float> xb(s.xb.data(), static_cast<size_t>(n * hidden));
+  const std::span<float> moe_out(s.moe_out.data(), static_cast<size_t>(n * hidden));
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     // --- MLA block: x += o_proj(attention(rms_norm(x))) ---
     backend_.rms_norm(s.x.data(), *w.attn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
     attend(l);
     backend_.matmul(*w.o_proj, nullptr, s.att.data(), n, s.xb.data());
+    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(xb));  // the ranks' heads' shares
     backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
 
     // --- FFN block: x += mlp(rms_norm(x)) (dense or MoE) ---
@@ -561,12 +654,14 @@ void DeepseekModel::run_layers(std::span<const int32_t> tokens, AttendFn&& atten
     } else {
       run_mlp(w.dense, c.intermediate_size, s.xb.data(), n, s.moe_out.data());
     }
+    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(moe_out));  // the ranks' FFN shares
     backend_.add_inplace(s.x.data(), s.moe_out.data(), n * hidden);
   }
+  return Status::Ok();
 }
 
-void DeepseekModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
-  const DeepseekConfig& c = config_;
+Status DeepseekModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t hidden = c.hidden_size;
   const int64_t n_out = static_cast<int64_t>(rows.size());
   Scratch& s = scratch_;
@@ -576,8 +671,7 @@ void DeepseekModel::compute_logits(std::span<const int32_t> rows, std::vector<fl
     std::memcpy(&s.rows[i * hidden], &s.x[int64_t{rows[i]} * hidden], hidden * sizeof(float));
   }
   backend_.rms_norm(s.rows.data(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.data());
-  logits->resize(static_cast<size_t>(n_out * c.vocab_size));
-  if (n_out > 0) backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, logits->data());
+  return vocab_.logits(backend_, *comm_, *lm_head_, s.rows.data(), n_out, logits);
 }
 
 std::unique_ptr<PagedMlaCache> DeepseekModel::new_paged_cache(int n_blocks, int block_size,
@@ -588,7 +682,7 @@ std::unique_ptr<PagedMlaCache> DeepseekModel::new_paged_cache(int n_blocks, int 
 void DeepseekModel::attention_paged(int layer, int64_t n, std::span<const int32_t> positions,
                                     const PagedBatch& batch, const int64_t* slots,
                                     PagedMlaCache& cache) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t H = c.n_heads, row = c.latent_dim();
   project_qkv(layer, n, positions);
   void* pool = cache.latent(layer);  // [n_slots, r + rope] of cache.dtype()
@@ -609,10 +703,9 @@ Status DeepseekModel::forward_batch(const ModelBatch& batch, PagedMlaCache& cach
   DS_RETURN_IF_ERROR(resolve_paged_batch(batch, config_.vocab_size, max_context_,
                                          cache.n_blocks(), cache.block_size(), &slots, &pb));
   const int64_t n = batch.n_tokens();
-  run_layers(batch.tokens,
-             [&](int l) { attention_paged(l, n, batch.positions, pb, slots.data(), cache); });
-  compute_logits(batch.logits_rows, logits);
-  return Status::Ok();
+  DS_RETURN_IF_ERROR(run_layers(
+      batch.tokens, [&](int l) { attention_paged(l, n, batch.positions, pb, slots.data(), cache); }));
+  return compute_logits(batch.logits_rows, logits);
 }
 
 }  // namespace dserve

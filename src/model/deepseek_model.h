@@ -29,6 +29,15 @@
 // MTP layers (num_nextn_predict_layers, stored as layers n_layers...) stay in the
 // files untouched: loaded, not run.
 //
+// Tensor parallel (a Communicator of N > 1 ranks): rank r keeps heads
+// [r H/N, (r+1) H/N) -- their rows of q_proj / q_b_proj and kv_b_proj (so W_UK, W_UV)
+// and their columns of o_proj --, the same share of every MLP's intermediate
+// dimension (dense layers, each routed expert, the shared experts), and a 1/N slice of
+// the vocabulary (VocabParallel). q_a, kv_a, their norms and the router are
+// replicated: every rank caches the whole latent [c | k_pe], which has no head
+// dimension, and routes every token itself (all ranks see the same x, so they choose
+// the same experts). One all-reduce after o_proj and one after the MLP/MoE.
+//
 // Thread-safety: forward() uses internal scratch buffers; drive one model from one
 // thread. The weights are shared read-only.
 #pragma once
@@ -41,11 +50,14 @@
 
 #include "backend/backend.h"
 #include "base/status.h"
+#include "dist/communicator.h"
 #include "loader/model_files.h"
 #include "model/deepseek_config.h"
 #include "model/llama_model.h"  // LogitsFor
 #include "model/mla_kv_cache.h"
 #include "model/rope.h"
+#include "model/tensor_shard.h"
+#include "model/vocab_parallel.h"
 
 namespace dserve {
 
@@ -67,15 +79,21 @@ struct MoeStats {
 class DeepseekModel {
  public:
   // Takes ownership of the files. The backend must outlive the model. max_context:
-  // the longest sequence forward() will see; 0 means max_position_embeddings.
+  // the longest sequence forward() will see; 0 means max_position_embeddings. comm:
+  // the tensor-parallel group this rank belongs to (null: one rank); must outlive the
+  // model.
   static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<ModelFiles> files,
                                                      Backend& backend, int64_t max_context = 0,
-                                                     MlaPath path = MlaPath::kAuto);
+                                                     MlaPath path = MlaPath::kAuto,
+                                                     dist::Communicator* comm = nullptr);
   ~DeepseekModel();
   DeepseekModel(const DeepseekModel&) = delete;
   DeepseekModel& operator=(const DeepseekModel&) = delete;
 
   const DeepseekConfig& config() const { return config_; }
+  // This rank's share of config(): n_heads and the MLPs' intermediate sizes divided by
+  // the tensor-parallel size; equal to config() on one rank.
+  const DeepseekConfig& shard_config() const { return shard_; }
   const ModelFiles& files() const { return *files_; }
   int64_t max_context() const { return max_context_; }
   // Bytes of weights one decode step reads: attention, dense MLPs, shared experts,
@@ -152,7 +170,15 @@ class DeepseekModel {
   struct OwnedTensor;
 
   DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend, DeepseekConfig config);
+  // The per-rank shapes (shard_) for comm_'s size; an error naming what N does not divide.
+  Status plan_shards();
   Status bind_weights();
+  // Replace *t (a bound full tensor, or null) by this rank's rows [b, e) or columns
+  // [b, e); no-ops on one rank.
+  Status take_rows(const TensorView** t, const std::string& name, int64_t b, int64_t e);
+  Status take_columns(const TensorView** t, const std::string& name, int64_t b, int64_t e);
+  // An Mlp of intermediate size `inter` (full) cut to this rank's share.
+  Status shard_mlp(const std::string& prefix, int64_t inter, Mlp* m);
   // The tensor `name` with the expected shape, converted from FP8 if needed; null and
   // OK when absent and not required.
   Status bind(const std::string& name, const std::vector<int64_t>& expected, bool required,
@@ -172,9 +198,9 @@ class DeepseekModel {
   // The layer stack shared by forward() and forward_batch(); attend(layer) turns
   // s.xb [n, hidden] into s.att [n, H * v].
   template <typename AttendFn>
-  void run_layers(std::span<const int32_t> tokens, AttendFn&& attend);
+  Status run_layers(std::span<const int32_t> tokens, AttendFn&& attend);
   // logits [rows.size(), vocab] from s.x rows `rows`.
-  void compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
+  Status compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
   void attend_expanded(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
                        std::span<const int32_t> positions);
   // attend_latent(q_abs [n, H, r + rope], out_lat [n, H, r + rope]) runs the latent
@@ -192,6 +218,14 @@ class DeepseekModel {
   std::unique_ptr<ModelFiles> files_;
   Backend& backend_;
   const DeepseekConfig config_;
+  DeepseekConfig shard_;  // this rank's share of config_ (see shard_config())
+  std::unique_ptr<dist::Communicator> own_comm_;  // the single-rank group when none is given
+  dist::Communicator* comm_ = nullptr;            // never null after load()
+  int64_t head_begin_ = 0;                        // this rank's first attention head
+  VocabParallel vocab_;                           // its slice of embedding and lm_head
+  TensorShards shards_;                           // its views and copies of split tensors
+  // Weight bytes of the whole model as bound, and of this rank's share of them.
+  size_t model_weight_bytes_ = 0, rank_weight_bytes_ = 0;
   int64_t max_context_ = 0;
   MlaPath path_ = MlaPath::kAuto;
   bool can_expand_ = true;

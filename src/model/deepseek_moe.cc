@@ -35,7 +35,7 @@ void DeepseekModel::run_mlp(const Mlp& mlp, int64_t inter, const float* in, int6
 // ids, weights: [n, k].
 void DeepseekModel::route(const LayerWeights& w, int64_t n, std::vector<int32_t>* ids,
                           std::vector<float>* weights) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's FFN widths
   Scratch& s = scratch_;
   const int E = c.n_routed_experts, k = c.n_experts_per_tok;
   const int n_group = c.topk_method == TopkMethod::kGreedy ? 1 : c.n_group;
@@ -113,7 +113,7 @@ void DeepseekModel::route(const LayerWeights& w, int64_t n, std::vector<int32_t>
 // threads in two jobs rather than two per expert. Each expert's output is scattered
 // back scaled by the routing weight, experts in increasing order.
 void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
-  const DeepseekConfig& c = config_;
+  const DeepseekConfig& c = shard_;  // this rank's FFN widths
   Scratch& s = scratch_;
   const int E = c.n_routed_experts, k = c.n_experts_per_tok;
   const int64_t hidden = c.hidden_size;

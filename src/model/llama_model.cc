@@ -135,8 +135,7 @@ Status LlamaModel::bind_weights() {
     return bytes;
   };
   model_weight_bytes_ = weight_bytes();
-  vocab_begin_ = 0;
-  vocab_end_ = vocab_per_rank_ = c.vocab_size;
+  vocab_.init(c.vocab_size, comm_->rank(), comm_->size());
   if (comm_->size() > 1) DS_RETURN_IF_ERROR(shard_weights());
   rank_weight_bytes_ = weight_bytes();
 
@@ -179,9 +178,6 @@ Status LlamaModel::shard_weights() {
   shard_.n_heads = heads;
   shard_.n_kv_heads = kv_heads;
   shard_.intermediate_size = inter;
-  vocab_per_rank_ = (c.vocab_size + n - 1) / n;
-  vocab_begin_ = std::min<int64_t>(c.vocab_size, r * vocab_per_rank_);
-  vocab_end_ = std::min<int64_t>(c.vocab_size, vocab_begin_ + vocab_per_rank_);
 
   auto rows = [&](const TensorView*& t, const std::string& name, int64_t b, int64_t e) -> Status {
     if (t == nullptr) return Status::Ok();
@@ -193,11 +189,11 @@ Status LlamaModel::shard_weights() {
     return Status::Ok();
   };
   const bool tied = lm_head_ == embed_;
-  DS_RETURN_IF_ERROR(rows(embed_, "model.embed_tokens.weight", vocab_begin_, vocab_end_));
+  DS_RETURN_IF_ERROR(rows(embed_, "model.embed_tokens.weight", vocab_.begin(), vocab_.end()));
   if (tied) {
     lm_head_ = embed_;
   } else {
-    DS_RETURN_IF_ERROR(rows(lm_head_, "lm_head.weight", vocab_begin_, vocab_end_));
+    DS_RETURN_IF_ERROR(rows(lm_head_, "lm_head.weight", vocab_.begin(), vocab_.end()));
   }
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights& w = layers_[l];
@@ -287,35 +283,6 @@ Status LlamaModel::check_tokens(std::span<const int32_t> tokens) const {
   return Status::Ok();
 }
 
-Status LlamaModel::embed(std::span<const int32_t> tokens, float* x) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), hidden = config_.hidden_size;
-  if (comm_->size() == 1) {
-    backend_.get_rows(*embed_, tokens.data(), n, x);
-    return Status::Ok();
-  }
-  // Each rank fills the rows of the tokens in its vocabulary slice and zeros elsewhere;
-  // the sum over ranks (x + 0, exact) is the full embedding on every rank.
-  Scratch& s = scratch_;
-  s.embed_ids.clear();
-  s.embed_at.clear();
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] >= vocab_begin_ && tokens[t] < vocab_end_) {
-      s.embed_ids.push_back(static_cast<int32_t>(tokens[t] - vocab_begin_));
-      s.embed_at.push_back(static_cast<int32_t>(t));
-    }
-  }
-  std::fill_n(x, n * hidden, 0.0f);
-  const int64_t k = static_cast<int64_t>(s.embed_ids.size());
-  if (k > 0) {
-    s.embed_rows.resize(k * hidden);
-    backend_.get_rows(*embed_, s.embed_ids.data(), k, s.embed_rows.data());
-    for (int64_t i = 0; i < k; ++i) {
-      std::copy_n(s.embed_rows.data() + i * hidden, hidden, x + int64_t{s.embed_at[i]} * hidden);
-    }
-  }
-  return comm_->all_reduce_sum({x, static_cast<size_t>(n * hidden)});
-}
-
 template <typename AttendFn>
 Status LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                               AttendFn&& attend_layer) {
@@ -336,7 +303,7 @@ Status LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const i
   const RopeTable& rope = rope_->table();
 
   // x[n, hidden] = embedding rows of the tokens
-  DS_RETURN_IF_ERROR(embed(tokens, s.x.data()));
+  DS_RETURN_IF_ERROR(vocab_.embed(backend_, *comm_, *embed_, tokens, hidden, s.x.data()));
   const std::span<float> xb(s.xb.data(), static_cast<size_t>(n * hidden));
 
   for (int l = 0; l < c.n_layers; ++l) {
@@ -389,38 +356,8 @@ Status LlamaModel::compute_logits(std::span<const int32_t> rows, std::vector<flo
   }
   // rows_x = rms_norm(rows_x)
   backend_.rms_norm(s.rows.data(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.data());
-  // logits[n_out, vocab] = rows_x · lm_headᵀ
-  logits->resize(static_cast<size_t>(n_out * c.vocab_size));
-  const int n_ranks = comm_->size();
-  if (n_ranks == 1) {
-    if (n_out > 0) backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, logits->data());
-    return Status::Ok();
-  }
-  // Vocab-parallel: local[n_out, vocab_per_rank] (padding columns past the vocabulary
-  // unused), gathered as [n_ranks, n_out, vocab_per_rank], then laid out by vocab id.
-  // Every rank has the same n_out, so all take or skip the collective together.
-  if (n_out == 0) return Status::Ok();
-  const int64_t vl = vocab_per_rank_, mine = vocab_end_ - vocab_begin_;
-  s.local_logits.assign(static_cast<size_t>(n_out * vl), 0.0f);
-  if (mine > 0) {
-    s.gathered.resize(static_cast<size_t>(n_out * mine));
-    backend_.matmul(*lm_head_, nullptr, s.rows.data(), n_out, s.gathered.data());
-    for (int64_t i = 0; i < n_out; ++i) {
-      std::copy_n(s.gathered.data() + i * mine, mine, s.local_logits.data() + i * vl);
-    }
-  }
-  s.gathered.resize(static_cast<size_t>(n_ranks * n_out * vl));
-  DS_RETURN_IF_ERROR(comm_->all_gather(std::as_bytes(std::span<const float>(s.local_logits)),
-                                       std::as_writable_bytes(std::span<float>(s.gathered))));
-  for (int r = 0; r < n_ranks; ++r) {
-    const int64_t begin = std::min<int64_t>(c.vocab_size, r * vl);
-    const int64_t count = std::min<int64_t>(c.vocab_size, begin + vl) - begin;
-    for (int64_t i = 0; i < n_out && count > 0; ++i) {
-      std::copy_n(s.gathered.data() + (int64_t{r} * n_out + i) * vl, count,
-                  logits->data() + i * c.vocab_size + begin);
-    }
-  }
-  return Status::Ok();
+  // logits[n_out, vocab] = rows_x · lm_headᵀ (gathered over the vocabulary's ranks)
+  return vocab_.logits(backend_, *comm_, *lm_head_, s.rows.data(), n_out, logits);
 }
 
 Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,

@@ -37,6 +37,7 @@
 #include "model/paged_kv_cache.h"
 #include "model/rope.h"
 #include "model/tensor_shard.h"
+#include "model/vocab_parallel.h"
 
 namespace dserve {
 
@@ -124,20 +125,12 @@ class LlamaModel {
     std::vector<float> rows;       // [n_out, hidden]  rows selected for logits
     std::vector<int64_t> slots;    // [n] paged cache slots of the batch's tokens
     std::vector<int32_t> row_ids;  // [n_out]
-    // Tensor parallel only:
-    std::vector<int32_t> embed_ids;    // [k] local ids of the tokens in this rank's vocab
-    std::vector<int32_t> embed_at;     // [k] their positions in the batch
-    std::vector<float> embed_rows;     // [k, hidden]
-    std::vector<float> local_logits;   // [n_out, vocab_per_rank]
-    std::vector<float> gathered;       // [n_ranks, n_out, vocab_per_rank]
   };
 
   LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config);
   Status bind_weights();
   // Replaces the bound full tensors by this rank's shards (tensor parallel).
   Status shard_weights();
-  // x[n, hidden] = embedding rows of tokens (vocab-parallel: gathered by all-reduce).
-  Status embed(std::span<const int32_t> tokens, float* x);
 
   // The attention seam: stores this batch's keys and values for `layer` and attends
   // q over every position so far. The only code that knows the KV layout.
@@ -165,8 +158,7 @@ class LlamaModel {
   ModelConfig shard_;  // this rank's share of config_
   std::unique_ptr<dist::Communicator> own_comm_;  // the single-rank group when none is given
   dist::Communicator* comm_ = nullptr;            // never null after load()
-  // This rank's vocabulary rows [vocab_begin_, vocab_end_) of vocab_per_rank_ (padded).
-  int64_t vocab_begin_ = 0, vocab_end_ = 0, vocab_per_rank_ = 0;
+  VocabParallel vocab_;  // this rank's slice of the embedding and lm_head
   TensorShards shards_;
   size_t rank_weight_bytes_ = 0, model_weight_bytes_ = 0;
   int64_t max_context_ = 0;

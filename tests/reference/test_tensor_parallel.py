@@ -1,6 +1,10 @@
 """Tensor parallelism: one model split over 2-4 rank processes on this machine, talking
 over gloo on localhost, against transformers and against the same model on one rank.
 
+- Tiny random DeepSeek-V2 and V3 checkpoints in F32 (test_deepseek_reference.py's: MLA
+  with and without q_lora, MoE with shared experts, softmax and sigmoid routers), from
+  safetensors and from GGUF with stacked experts and pre-split W_UK / W_UV: the same
+  comparisons, for expanded (prefill) and absorbed (decode) MLA.
 - Tiny random Llama and Qwen2 checkpoints in F32 (the fixtures of
   test_llama_reference.py: KV heads split, and replicated where there are fewer KV heads
   than ranks; Qwen2 q/k/v biases; tied and untied embeddings): per-position
@@ -113,6 +117,73 @@ def _params_per_rank(case, n, rank):
     return case["layers"] * per_layer + embed * (1 if case["tied"] else 2) + h
 
 
+# (case, TP size): q_lora + YaRN + sigmoid router at 2 and 4; no q_lora with 8 heads
+# at 4; V2 softmax routers (greedy, group-limited) at 2.
+DS_TP_CASES = [("v3-qlora-yarn", 2), ("v3-qlora-yarn", 4), ("v3-noqlora", 4),
+               ("v2-lite-yarn", 2), ("v2-grouped", 2)]
+
+
+def _ds_split_params(path, n, rank):
+    """(all, rank's) parameters of a DeepSeek safetensors checkpoint: the tensors split
+    by heads or by the MLPs' intermediate dimension count 1/n, embedding and lm_head
+    their vocabulary slice, the rest (norms, q_a / kv_a, routers) whole. Derived from
+    the tensor names and shapes the checkpoint holds."""
+    from safetensors import safe_open
+    split = ("q_proj.weight", "q_b_proj.weight", "kv_b_proj.weight", "o_proj.weight",
+             "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    total = mine = 0
+    with safe_open(path / "model.safetensors", framework="pt") as f:
+        for k in f.keys():
+            shape = f.get_slice(k).get_shape()
+            size = math.prod(shape)
+            total += size
+            if k in ("model.embed_tokens.weight", "lm_head.weight"):
+                per = -(-shape[0] // n)
+                rows = min(shape[0], (rank + 1) * per) - min(shape[0], rank * per)
+                mine += rows * shape[1]
+            elif k.endswith(split):
+                assert size % n == 0
+                mine += size // n
+            else:
+                mine += size
+    return total, mine
+
+
+@pytest.mark.parametrize("name,n", DS_TP_CASES, ids=[f"{c}-tp{n}" for c, n in DS_TP_CASES])
+def test_tiny_deepseek_against_transformers_and_one_rank(name, n, dserve_bin, tmp_path):
+    import test_deepseek_reference as ds
+    model_dir, ref = ds._fixture(ds._case(name))
+    prompt, want = ref["prompt"], ref["native"]
+    one, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, 1)
+    split, r = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--log-level", "info"])
+    # One token per step: absorbed MLA over the cached latents of every rank's heads.
+    absorbed, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--batch", 1])
+    for got, what in ((split, "expanded"), (absorbed, "absorbed")):
+        assert max(abs(a - b) for a, b in zip(got, want["logprobs"])) < 1e-3, f"{what} vs transformers"
+        assert max(abs(a - b) for a, b in zip(got, one)) < 1e-3, f"{what} vs TP=1"
+    assert greedy(dserve_bin, model_dir, prompt, n) == want["greedy"]
+
+    shares = re.findall(r"tensor parallel rank (\d+)/(\d+): weights (\d+) of (\d+) bytes", r.stderr)
+    assert sorted(int(s[0]) for s in shares) == list(range(n)), r.stderr[-2000:]
+    for rank, size, mine, total in shares:
+        want_total, want_mine = _ds_split_params(model_dir, n, int(rank))
+        assert int(size) == n and int(total) == 4 * want_total
+        assert int(mine) == 4 * want_mine, (rank, mine, total)
+
+
+def test_deepseek_gguf_stacked_experts_split_kv_b(dserve_bin, tmp_path):
+    """GGUF: experts stacked [E, ...] and W_UK / W_UV stored per head (attn_k_b,
+    attn_v_b), each rank taking its heads' and its intermediate share of them."""
+    import test_deepseek_reference as ds
+    src_dir, ref = ds._fixture(ds._case("v3-noqlora"))
+    path = tmp_path / "model.gguf"
+    ds._write_gguf(src_dir, path, split_kv_b=True)
+    prompt, want = ref["prompt"], ref["native"]
+    got, _ = logprobs(dserve_bin, path, prompt, tmp_path, 2)
+    assert max(abs(a - b) for a, b in zip(got, want["logprobs"])) < 1e-3
+    assert greedy(dserve_bin, path, prompt, 2) == want["greedy"]
+
+
 def test_default_model_greedy_equals_one_rank(reference, dserve_bin, default_model):  # noqa: F811
     ref = reference["prompts"][0]
     one = greedy(dserve_bin, default_model, ref["ids"], 1, 32)
@@ -136,14 +207,13 @@ def test_size_not_dividing_heads_is_refused(dserve_bin):
     assert "--tensor-parallel-size 3: does not divide the model's 4 attention heads" in r.stderr
 
 
-def test_deepseek_is_refused_until_built(dserve_bin):
+def test_deepseek_size_not_dividing_heads_is_refused(dserve_bin):
     import test_deepseek_reference as ds
-    model_dir = ds._fixture(ds._case("v2-lite-yarn"))
-    model_dir = model_dir[0] if isinstance(model_dir, tuple) else model_dir
+    model_dir, _ = ds._fixture(ds._case("v2-grouped"))  # 6 heads
     r, _ = run_fail([dserve_bin, "generate", "--model", model_dir, "--prompt-ids", "1,2,3",
-                     "--max-tokens", 2, "--print-ids", *tp_args(2)])
+                     "--max-tokens", 2, "--print-ids", *tp_args(4)])
     assert r.returncode != 0
-    assert "tensor parallelism is not built yet for DeepSeek" in r.stderr
+    assert "--tensor-parallel-size 4: does not divide the model's 6 attention heads" in r.stderr
 
 
 def test_port_in_use_is_refused(dserve_bin):
@@ -282,5 +352,47 @@ def test_serve_tp3_batch_invariant_then_killed_rank(dserve_bin, default_model, t
         for pid in workers:
             assert not os.path.exists(f"/proc/{pid}") or \
                 open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"rank pid {pid} still runs"
+    finally:
+        server_util.stop(server)
+
+
+def test_serve_tp3_preemption_keeps_outputs_identical(dserve_bin, default_model, tmp_path):
+    """Four streams that do not fit the KV cache together: the scheduler preempts (and
+    later recomputes) some of them on every rank, and each greedy output still equals
+    the same request served alone."""
+    import concurrent.futures
+    import gguf
+    import openai
+    import server_util
+
+    # Bytes of one cached token on one rank: K and V (float16) of each layer's KV heads,
+    # split 3 ways; read from the GGUF's metadata with the gguf package.
+    reader = gguf.GGUFReader(default_model)
+    field = lambda k: int(reader.fields[k].parts[-1][0])  # noqa: E731
+    per_token = field("llama.block_count") * field("llama.attention.head_count_kv") // 3 * \
+        (field("llama.embedding_length") // field("llama.attention.head_count")) * 2 * 2
+    blocks = 10  # 160 tokens: one request of 128 fits, four of ~52 do not
+    server = server_util.start(dserve_bin, default_model, "--tensor-parallel-size", 3,
+                               "--threads", 1, "--master-port", free_port(),
+                               "--max-model-len", 128, "--block-size", 16,
+                               "--kv-cache-memory", blocks * 16 * per_token, "--log-level", "info",
+                               log_path=tmp_path / "serve.log")
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+        prompts = ["The ocean is", "Name three colours:", "Once upon a time", "def add(a, b):"]
+
+        def complete(p):
+            return client.completions.create(model=str(default_model), prompt=p, max_tokens=48,
+                                             temperature=0, extra_body={"ignore_eos": True}
+                                             ).choices[0].text
+
+        alone = [complete(p) for p in prompts]
+        before = server.metrics()["vllm:num_preemptions"].samples[0].value
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(complete, prompts))
+        after = server.metrics()["vllm:num_preemptions"].samples[0].value
+        assert f"KV cache: {blocks} blocks of 16 tokens" in server.log()
+        assert after > before, "the four streams fit the cache: nothing was preempted"
+        assert together == alone
     finally:
         server_util.stop(server)
