@@ -266,10 +266,20 @@ Result<std::unique_ptr<Communicator>> connect_gloo(GroupOptions options) {
     return io_error("rank " + std::to_string(rank) + ": gloo could not connect the group through " + where + ": " +
                     e.what());
   }
-  auto comm = std::make_unique<GlooCommunicator>(context, std::move(peers));
+  bool one_host = true;  // peers[r] is "host pid N"
+  for (int r = 1; r < world; ++r) {
+    one_host = one_host && peers[r].substr(0, peers[r].rfind(" pid ")) == peers[0].substr(0, peers[0].rfind(" pid "));
+  }
+  const char* shm_env = std::getenv("DSERVE_SHM_ALL_REDUCE");
+  const bool shm = options.shared_memory && one_host && !(shm_env != nullptr && std::string(shm_env) == "0");
+  std::unique_ptr<Communicator> comm = std::make_unique<GlooCommunicator>(context, std::move(peers));
+  if (shm) {
+    DS_ASSIGN_OR_RETURN(comm, connect_shm_all_reduce(std::move(comm), *store, std::to_string(options.master_port),
+                                                     options.shm_slot_bytes));
+  }
   // Everyone has finished reading the store once this returns, so rank 0 may close it.
   DS_RETURN_IF_ERROR(comm->barrier());
-  return std::unique_ptr<Communicator>(std::move(comm));
+  return comm;
 }
 
 }  // namespace dserve::dist

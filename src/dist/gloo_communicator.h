@@ -13,6 +13,7 @@
 
 #include "base/status.h"
 #include "dist/communicator.h"
+#include "dist/shm_all_reduce.h"
 #include "dist/tcp_store.h"
 
 namespace dserve::dist {
@@ -30,6 +31,11 @@ struct GroupOptions {
   // Rank 0 only, optional: a store server its launcher already started (so a port in
   // use fails before any worker is spawned). Without it, rank 0 starts one.
   std::unique_ptr<TcpStoreServer> server;
+  // When every rank runs on this machine: all_reduce_sum through shared memory for
+  // vectors up to shm_slot_bytes (shm_all_reduce.h), the rest through gloo. The
+  // environment variable DSERVE_SHM_ALL_REDUCE=0 turns it off (to compare).
+  bool shared_memory = true;
+  size_t shm_slot_bytes = kDefaultShmSlotBytes;
 };
 
 // Sets SIGPIPE to ignored (process-wide), so a peer that dies fails a collective

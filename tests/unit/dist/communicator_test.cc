@@ -17,6 +17,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace dserve::dist {
@@ -85,8 +86,10 @@ void report_error(RankReport* report, const Status& s) {
   std::snprintf(report->message, sizeof report->message, "%s", s.message().c_str());
 }
 
-GroupOptions options_for(int rank, int world, int port, std::chrono::milliseconds timeout = 20s) {
+GroupOptions options_for(int rank, int world, int port, std::chrono::milliseconds timeout = 20s,
+                         bool shared_memory = false) {
   GroupOptions o;
+  o.shared_memory = shared_memory;
   o.rank = rank;
   o.world_size = world;
   o.master_addr = "127.0.0.1";
@@ -100,26 +103,37 @@ GroupOptions options_for(int rank, int world, int port, std::chrono::millisecond
 // the order of additions shows in the low bits.
 float input_value(int rank, size_t i) { return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i) / 7.0f; }
 
-int check_collectives(int rank, int world, int port, RankReport* report) {
-  auto comm_or = connect_gloo(options_for(rank, world, port));
+// shared_memory: all_reduce_sum of vectors up to 500 floats through shared memory,
+// larger ones through gloo; the results must be the same bits either way.
+int check_collectives(int rank, int world, int port, RankReport* report, bool shared_memory) {
+  GroupOptions options = options_for(rank, world, port, 20s, shared_memory);
+  options.shm_slot_bytes = 500 * sizeof(float);
+  auto comm_or = connect_gloo(std::move(options));
   if (!comm_or.ok()) {
     report_error(report, comm_or.status());
     return 2;
   }
   Communicator& comm = **comm_or;
   if (comm.rank() != rank || comm.size() != world) return 3;
+  if ((comm.name().find("shared memory") != std::string::npos) != shared_memory) {
+    std::snprintf(report->message, sizeof report->message, "communicator is '%s'", comm.name().c_str());
+    return 15;
+  }
 
-  // all_reduce_sum: exactly ((x0 + x1) + x2) + ... on every rank.
-  const size_t n = 1000;
-  std::vector<float> data(n);
-  for (size_t i = 0; i < n; ++i) data[i] = input_value(rank, i);
-  if (!comm.all_reduce_sum(data).ok()) return 4;
-  for (size_t i = 0; i < n; ++i) {
-    float expect = input_value(0, i);
-    for (int r = 1; r < world; ++r) expect += input_value(r, i);
-    if (std::memcmp(&expect, &data[i], sizeof expect) != 0) {
-      std::snprintf(report->message, sizeof report->message, "all_reduce[%zu] = %.9g, expected %.9g", i, data[i], expect);
-      return 5;
+  // all_reduce_sum: exactly ((x0 + x1) + x2) + ... on every rank. Sizes alternate
+  // around the slot size, several rounds (the shared slots alternate between calls).
+  for (size_t n : {1000, 7, 500, 501, 1, 300, 1000, 499}) {
+    std::vector<float> data(n);
+    for (size_t i = 0; i < n; ++i) data[i] = input_value(rank, i + n);
+    if (!comm.all_reduce_sum(data).ok()) return 4;
+    for (size_t i = 0; i < n; ++i) {
+      float expect = input_value(0, i + n);
+      for (int r = 1; r < world; ++r) expect += input_value(r, i + n);
+      if (std::memcmp(&expect, &data[i], sizeof expect) != 0) {
+        std::snprintf(report->message, sizeof report->message, "n=%zu: all_reduce[%zu] = %.9g, expected %.9g", n, i,
+                      data[i], expect);
+        return 5;
+      }
     }
   }
 
@@ -178,18 +192,45 @@ TEST(SingleRankCommunicator, IsTheIdentity) {
   EXPECT_FALSE(comm->broadcast({}, 1).ok());
 }
 
-class GlooGroup : public ::testing::TestWithParam<int> {};
+class GlooGroup : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(GlooGroup, CollectivesMatchDirectComputation) {
-  const int world = GetParam();
+  const auto [world, shared_memory] = GetParam();
   const int port = free_port();
   std::vector<int> ranks(world);
   for (int r = 0; r < world; ++r) ranks[r] = r;
-  auto reports = run_ranks(ranks, [&](int rank, RankReport* rep) { return check_collectives(rank, world, port, rep); });
+  auto reports = run_ranks(ranks, [&, world = world, shm = shared_memory](int rank, RankReport* rep) {
+    return check_collectives(rank, world, port, rep, shm);
+  });
   for (int r = 0; r < world; ++r) EXPECT_EQ(reports[r].exit_code, 0) << "rank " << r << ": " << reports[r].message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, GlooGroup, ::testing::Values(2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(SizesAndPaths, GlooGroup,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()));
+
+TEST(SharedMemoryAllReduce, DeadRankFailsTheWaitingRanksWithoutHanging) {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  auto reports = run_ranks({0, 1, 2}, [&](int rank, RankReport* rep) {
+    auto comm = connect_gloo(options_for(rank, 3, port, 30s, true));
+    if (!comm.ok()) {
+      report_error(rep, comm.status());
+      return 2;
+    }
+    if (rank == 2) ::_exit(0);  // dies without a word, as a crashed rank would
+    std::vector<float> v(64, 1.0f);
+    Status s = (*comm)->all_reduce_sum(v);
+    if (s.ok()) return 3;
+    report_error(rep, s);
+    return (*comm)->all_reduce_sum(v).ok() ? 4 : 1;  // broken for good
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(reports[r].exit_code, 1) << reports[r].message;
+    EXPECT_NE(std::string(reports[r].message).find("all_reduce_sum failed: rank 2 (pid "), std::string::npos)
+        << reports[r].message;
+  }
+}
 
 TEST(GlooRendezvous, MissingRankIsNamedAfterTheTimeout) {
   const int port = free_port();
