@@ -1,6 +1,6 @@
-// All-reduce latency and bandwidth of the gloo Communicator on localhost, for the
-// vectors tensor parallelism reduces (one hidden-size row per token), with N ranks as
-// processes. A plain program rather than google-benchmark: every rank must run the
+// All-reduce latency and bandwidth of the Communicator on localhost, for the vectors
+// tensor parallelism reduces (one hidden-size row per token), with N ranks as
+// processes: through gloo (TCP) and through the shared-memory path, one after the other. A plain program rather than google-benchmark: every rank must run the
 // same number of collectives, which a framework's adaptive iteration count breaks.
 //   build/bench/allreduce_bench [n_ranks=2] [iterations=2000]
 #include <sys/wait.h>
@@ -15,12 +15,13 @@
 
 namespace {
 
-int run_rank(int rank, int n_ranks, int port, int iterations) {
+int run_rank(int rank, int n_ranks, int port, int iterations, bool shared_memory) {
   dserve::dist::GroupOptions o;
   o.rank = rank;
   o.world_size = n_ranks;
   o.master_port = port;
   o.timeout = std::chrono::seconds(60);
+  o.shared_memory = shared_memory;
   auto comm = dserve::dist::connect_gloo(std::move(o));
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().message().c_str());
@@ -39,8 +40,9 @@ int run_rank(int rank, int n_ranks, int port, int iterations) {
       if (rank == 0) {
         const double us = s / iterations * 1e6;
         const double bytes = static_cast<double>(v.size()) * sizeof(float);
-        std::printf("ranks %d  hidden %5d x %2d tokens  %8.0f bytes  %8.1f us  %7.3f GB/s (algorithm bandwidth)\n",
-                    n_ranks, hidden, tokens, bytes, us, bytes / (us * 1e-6) / 1e9);
+        std::printf("%-13s ranks %d  hidden %5d x %2d tokens  %8.0f bytes  %8.1f us  %7.3f GB/s (algorithm bandwidth)\n",
+                    shared_memory ? "shared-memory" : "gloo/tcp", n_ranks, hidden, tokens, bytes, us,
+                    bytes / (us * 1e-6) / 1e9);
       }
     }
   }
@@ -52,22 +54,24 @@ int run_rank(int rank, int n_ranks, int port, int iterations) {
 int main(int argc, char** argv) {
   const int n_ranks = argc > 1 ? std::atoi(argv[1]) : 2;
   const int iterations = argc > 2 ? std::atoi(argv[2]) : 2000;
-  const int port = 29600 + static_cast<int>(::getpid() % 300);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n_ranks; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      const int code = run_rank(r, n_ranks, port, iterations);
-      std::fflush(stdout);  // _exit skips stdio's buffers
-      ::_exit(code);
-    }
-    pids.push_back(pid);
-  }
   int failed = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  for (bool shared_memory : {false, true}) {
+    const int port = 29600 + static_cast<int>(::getpid() % 300) + (shared_memory ? 1 : 0);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < n_ranks; ++r) {
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        const int code = run_rank(r, n_ranks, port, iterations, shared_memory);
+        std::fflush(stdout);  // _exit skips stdio's buffers
+        ::_exit(code);
+      }
+      pids.push_back(pid);
+    }
+    for (pid_t pid : pids) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
   }
   return failed;
 }
