@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/w8a8_panels.h"
 #include "tensor/quant_blocks.h"
 
 namespace dserve::cpu {
@@ -524,6 +525,77 @@ void attn_step_neon(const AttnStepArgs& a) {
   }
 }
 
+
+// ---- W8A8 (DType::kI8): int8 rows with one f32 scale each, kQ8Token activations ----
+// Both operands are signed, which is what SDOT (and vmull_s8) multiply, so no sign
+// juggling as on x86. Every dot is the exact int32 sum (|w| <= 128, |x| <= 127: a
+// widened pair of products fits int16 without dotprod), and the result is
+// float(sum) * (w_scale * x_scale), the scalar kernel's operations: every level gives
+// the same bits.
+
+// MatmulI8Fn: one row and token at a time, 16 bytes per step, the k % 16 tail scalar.
+void matmul_i8_neon(const uint8_t* w, size_t w_stride, const float* w_scales, const uint8_t* x, size_t x_stride,
+                    int64_t k, int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride) {
+  const int64_t k16 = k / 16 * 16;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const Q8TokenRow a = q8token_row(x + t * x_stride, k);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const auto* q = reinterpret_cast<const int8_t*>(w + r * w_stride);
+      int32x4_t acc = vdupq_n_s32(0);
+      for (int64_t j = 0; j < k16; j += 16) acc = dot_s8(acc, vld1q_s8(q + j), vld1q_s8(a.qs + j));
+      int32_t sum = vaddvq_s32(acc);
+      for (int64_t j = k16; j < k; ++j) sum += int32_t{q[j]} * int32_t{a.qs[j]};
+      y[t * y_stride + r] = static_cast<float>(sum) * (w_scales[r] * a.d);
+    }
+  }
+}
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// The packed half panel (w8a8_panels.h) as two registers per group of 4 columns: rows
+// 0-3 and rows 4-7, 4 bytes each. SDOT by lane multiplies every row's 4 bytes by the
+// same 4 activation bytes, so 16 activation bytes loaded once serve 4 groups.
+// NT tokens keep 2 NT accumulators and NT activation registers: NT = 8 uses 26 of 32.
+constexpr int kI8TokensNeon = 8;
+
+template <int NT>
+struct I8HalfTileNeon {
+  static void run(const uint8_t* half, int64_t k, const int8_t* const* x_rows, const float* x_scales, float* y,
+                  int64_t y_stride, int n_rows) {
+    int32x4_t lo[NT], hi[NT];
+    for (int t = 0; t < NT; ++t) lo[t] = hi[t] = vdupq_n_s32(0);
+    const auto* wq = reinterpret_cast<const int8_t*>(half);
+    for (int64_t g = 0; g < k / 4; g += 4) {  // k % 32 == 0: whole steps of 4 groups
+      int8x16_t xv[NT];
+      for (int t = 0; t < NT; ++t) xv[t] = vld1q_s8(x_rows[t] + 4 * g);
+      const int8_t* wg = wq + 32 * g;
+#define DSERVE_I8_GROUP(L)                                           \
+  {                                                                  \
+    const int8x16_t w0 = vld1q_s8(wg + 32 * (L));                    \
+    const int8x16_t w1 = vld1q_s8(wg + 32 * (L) + 16);               \
+    for (int t = 0; t < NT; ++t) {                                   \
+      lo[t] = vdotq_laneq_s32(lo[t], w0, xv[t], L);                  \
+      hi[t] = vdotq_laneq_s32(hi[t], w1, xv[t], L);                  \
+    }                                                                \
+  }
+      DSERVE_I8_GROUP(0)
+      DSERVE_I8_GROUP(1)
+      DSERVE_I8_GROUP(2)
+      DSERVE_I8_GROUP(3)
+#undef DSERVE_I8_GROUP
+    }
+    const float* ws = reinterpret_cast<const float*>(half + 8 * k);
+    const float32x4_t ws_lo = vld1q_f32(ws), ws_hi = vld1q_f32(ws + 4);
+    for (int t = 0; t < NT; ++t) {
+      const float32x4_t xs = vdupq_n_f32(x_scales[t]);
+      float out[kI8HalfRows];
+      vst1q_f32(out, vmulq_f32(vcvtq_f32_s32(lo[t]), vmulq_f32(ws_lo, xs)));
+      vst1q_f32(out + 4, vmulq_f32(vcvtq_f32_s32(hi[t]), vmulq_f32(ws_hi, xs)));
+      std::memcpy(y + t * y_stride, out, static_cast<size_t>(n_rows) * sizeof(float));
+    }
+  }
+};
+#endif  // __ARM_FEATURE_DOTPROD
+
 KernelTable make_arm_table(CpuIsa isa) {
   KernelTable t{};
   t.isa = isa;
@@ -539,8 +611,14 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.matmul[static_cast<int>(DType::kQ4_K)] = matmul_rows<dot_q45k_row<false>>;
   t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_rows<dot_q45k_row<true>>;
   t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_rows<dot_q6k_row>;
-  // W8A8: the scalar level's per-row kernel until the ARM levels have their own.
-  t.matmul_i8 = kernels_scalar().matmul_i8;
+  t.matmul_i8 = matmul_i8_neon;
+#if defined(__ARM_FEATURE_DOTPROD)
+  // W8A8's packed panels need SDOT's per-lane sums (the ARMv8.0 level runs per row).
+  t.pack_i8 = pack_i8_halves;
+  t.matmul_packed[static_cast<int>(DType::kI8)] = matmul_i8_packed_halves<kI8TokensNeon, I8HalfTileNeon>;
+  t.packed_layout[static_cast<int>(DType::kI8)].block_bytes = 2 * 8 * 32;  // 16 rows x 32 bytes / 32 columns
+  t.packed_layout[static_cast<int>(DType::kI8)].panel_extra_bytes = 2 * 4 * kI8HalfRows;
+#endif
   t.dot_f32 = dot_f32_neon;
   t.axpy_f32 = axpy_f32_neon;
   t.scale_f32 = scale_f32_neon;
