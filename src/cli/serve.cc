@@ -85,8 +85,6 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
                   "pipeline-parallel ranks (only 1 so far)")->capture_default_str();
   cmd->add_option("--data-parallel-size", o->data_parallel_size,
                   "data-parallel ranks (only 1 so far)")->capture_default_str();
-  cmd->add_flag("--enable-expert-parallel", o->enable_expert_parallel,
-                "expert parallelism (not built yet)");
   cmd->add_option("--threads", o->common.n_threads, "worker threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--audit-log", o->audit_log,
@@ -111,7 +109,6 @@ Status check_unbuilt(const ServeOptions& o) {
   };
   if (o.pipeline_parallel_size != 1) return unbuilt("--pipeline-parallel-size " + std::to_string(o.pipeline_parallel_size));
   if (o.data_parallel_size != 1) return unbuilt("--data-parallel-size " + std::to_string(o.data_parallel_size));
-  if (o.enable_expert_parallel) return unbuilt("--enable-expert-parallel");
   if (o.dtype != "auto" && o.dtype != "float32" && o.dtype != "float") {
     return unimplemented("--dtype " + o.dtype +
                          ": the CPU backend computes in float32 (weights stay as stored); use "

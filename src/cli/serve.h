@@ -45,7 +45,6 @@ struct ServeOptions {
   // Capabilities not built yet: any value but the default fails with a clear message.
   int pipeline_parallel_size = 1;
   int data_parallel_size = 1;
-  bool enable_expert_parallel = false;
 };
 
 // Registers `serve` and its flags on `app`.

@@ -155,6 +155,8 @@ void add_tensor_parallel_options(CLI::App* cmd, TensorParallelOptions* o) {
   cmd->add_option("--distributed-timeout", o->timeout_s,
                   "seconds a rank waits for the others at start-up and in any one collective")
       ->capture_default_str();
+  cmd->add_flag("--enable-expert-parallel", o->expert_parallel,
+                "give each rank whole routed experts (1/N of them) instead of 1/N of every expert");
   cmd->add_option("--tp-rank", o->rank, "(internal) this process's rank, set by the launcher")->group("");
 }
 
@@ -182,7 +184,8 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
   group.master_addr = o.master_addr;
   group.master_port = o.master_port;
   group.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  group.fingerprint = fingerprint + " tp=" + std::to_string(o.size) + " nnodes=" + std::to_string(o.nnodes);
+  group.fingerprint = fingerprint + " tp=" + std::to_string(o.size) + " nnodes=" + std::to_string(o.nnodes) +
+                      (o.expert_parallel ? " ep" : "");
   std::unique_ptr<LocalRanks> children;
   if (launcher) {
     // Rank 0 takes the port before any other rank starts: a port in use is one error
@@ -201,7 +204,8 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
     if (rank != 0) end_worker(rank, comm.status());
     return comm.status();
   }
-  Result<std::unique_ptr<CausalLm>> local = load_causal_lm(std::move(files), backend, context, comm->get());
+  Result<std::unique_ptr<CausalLm>> local =
+      load_causal_lm(std::move(files), backend, context, comm->get(), o.expert_parallel);
   if (rank != 0) {
     if (!local.ok()) end_worker(rank, local.status());
     Status s = run_tp_worker(**local, **comm);

@@ -35,6 +35,9 @@ struct TensorParallelOptions {
   int master_port = 29500;
   double timeout_s = 300;
   int rank = -1;  // hidden --tp-rank: set on the processes a launcher started
+  // --enable-expert-parallel: DeepSeek's routed experts dealt out whole over the ranks
+  // instead of each cut by width (model/deepseek_model.h).
+  bool expert_parallel = false;
 };
 
 void add_tensor_parallel_options(CLI::App* cmd, TensorParallelOptions* o);

@@ -80,6 +80,7 @@ class CausalLm {
 // comm: the tensor-parallel group this process is one rank of (null: one rank).
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
                                                  Backend& backend, int64_t max_context,
-                                                 dist::Communicator* comm = nullptr);
+                                                 dist::Communicator* comm = nullptr,
+                                                 bool expert_parallel = false);
 
 }  // namespace dserve

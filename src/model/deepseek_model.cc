@@ -47,7 +47,8 @@ DeepseekModel::~DeepseekModel() = default;
 
 Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<ModelFiles> files,
                                                            Backend& backend, int64_t max_context,
-                                                           MlaPath path, dist::Communicator* comm) {
+                                                           MlaPath path, dist::Communicator* comm,
+                                                           bool expert_parallel) {
   DS_ASSIGN_OR_RETURN(DeepseekConfig config, DeepseekConfig::from_model_files(*files));
   if (max_context < 0) return invalid_argument("context length must not be negative");
   if (max_context == 0) max_context = config.max_position_embeddings;
@@ -60,6 +61,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
     comm = model->own_comm_.get();
   }
   model->comm_ = comm;
+  model->expert_parallel_ = expert_parallel;
   DS_RETURN_IF_ERROR(model->plan_shards());
   DS_RETURN_IF_ERROR(model->bind_weights());
   DS_LOG_INFO("{}", model->config_.summary());
@@ -71,6 +73,10 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
                 mib(model->rank_weight_bytes_), mib(model->model_weight_bytes_),
                 mib(model->shards_.copied_bytes()), sh.n_heads, c.n_heads, sh.intermediate_size,
                 c.intermediate_size, sh.moe_intermediate_size, c.moe_intermediate_size);
+    if (model->expert_parallel_) {
+      DS_LOG_INFO("expert parallel rank {}/{}: routed experts {}-{} of {}", comm->rank(), comm->size(),
+                  model->expert_begin_, model->expert_end_ - 1, c.n_routed_experts);
+    }
   }
   return model;
 }
@@ -92,6 +98,9 @@ Status DeepseekModel::plan_shards() {
   const int n = comm_->size(), r = comm_->rank();
   shard_ = c;
   head_begin_ = 0;
+  expert_begin_ = 0;
+  expert_end_ = c.n_routed_experts;
+  shared_inter_ = c.moe_intermediate_size * c.n_shared_experts;
   vocab_.init(c.vocab_size, r, n);
   if (n == 1) return Status::Ok();
   const std::string where = "--tensor-parallel-size " + std::to_string(n) + ": ";
@@ -102,9 +111,18 @@ Status DeepseekModel::plan_shards() {
   DS_RETURN_IF_ERROR(divides(c.n_heads, "attention heads"));
   DS_RETURN_IF_ERROR(divides(c.intermediate_size, "dense MLP intermediate width"));
   if (c.n_routed_experts > 0) DS_RETURN_IF_ERROR(divides(c.moe_intermediate_size, "expert intermediate width"));
+  if (expert_parallel_) {
+    if (c.n_routed_experts == 0) {
+      return invalid_argument("--enable-expert-parallel: " + c.source + " has no routed experts");
+    }
+    DS_RETURN_IF_ERROR(divides(c.n_routed_experts, "routed experts (expert parallelism deals them out whole)"));
+    expert_begin_ = int64_t{r} * c.n_routed_experts / n;
+    expert_end_ = expert_begin_ + c.n_routed_experts / n;
+  }
   shard_.n_heads = c.n_heads / n;
   shard_.intermediate_size = c.intermediate_size / n;
-  shard_.moe_intermediate_size = c.moe_intermediate_size / n;
+  shard_.moe_intermediate_size = expert_parallel_ ? c.moe_intermediate_size : c.moe_intermediate_size / n;
+  shared_inter_ = c.moe_intermediate_size * c.n_shared_experts / n;
   head_begin_ = int64_t{r} * shard_.n_heads;
   return Status::Ok();
 }
@@ -185,25 +203,39 @@ Status DeepseekModel::bind_experts(int layer, LayerWeights* w) {
     DS_RETURN_IF_ERROR(
         bind(p + "experts.down_proj.weight", {n_exp, hidden, inter}, true, false, &down));
     // Each expert's share: its rows [e inter + b, + share) of gate/up, and its own
-    // [hidden, inter] block of down, cut by columns.
-    const int64_t share = shard_.moe_intermediate_size, b = comm_->rank() * share;
-    for (int64_t e = 0; e < n_exp; ++e) {
+    // [hidden, inter] block of down, cut by columns (expert parallel: this rank's
+    // experts whole, the others' untouched).
+    const int64_t share = shard_.moe_intermediate_size, b = expert_parallel_ ? 0 : comm_->rank() * share;
+    for (int64_t e = expert_begin_; e < expert_end_; ++e) {
       w->experts[e].gate = own(row_slice(*gate, e * inter + b, share), {});
       w->experts[e].up = own(row_slice(*up, e * inter + b, share), {});
       w->experts[e].down = own(row_slice(*down, e * hidden, hidden), {});
-      const std::string name = p + "experts.down_proj.weight[" + std::to_string(e) + "]";
-      DS_RETURN_IF_ERROR(take_columns(&w->experts[e].down, name, b, b + share));
+      if (!expert_parallel_) {
+        const std::string name = p + "experts.down_proj.weight[" + std::to_string(e) + "]";
+        DS_RETURN_IF_ERROR(take_columns(&w->experts[e].down, name, b, b + share));
+      }
     }
-    if (comm_->size() > 1) {  // gate/up stacks were counted whole (down: by take_columns)
-      rank_weight_bytes_ -= gate->n_bytes + up->n_bytes;
-      for (const Mlp& m : w->experts) rank_weight_bytes_ += m.gate->n_bytes + m.up->n_bytes;
+    if (comm_->size() > 1) {  // the stacks were counted whole (down: by take_columns unless EP)
+      rank_weight_bytes_ -= gate->n_bytes + up->n_bytes + (expert_parallel_ ? down->n_bytes : 0);
+      for (int64_t e = expert_begin_; e < expert_end_; ++e) {
+        const Mlp& m = w->experts[e];
+        rank_weight_bytes_ += m.gate->n_bytes + m.up->n_bytes + (expert_parallel_ ? m.down->n_bytes : 0);
+      }
     }
     return Status::Ok();
   }
   for (int64_t e = 0; e < n_exp; ++e) {
     const std::string prefix = p + "experts." + std::to_string(e) + ".";
+    if (e < expert_begin_ || e >= expert_end_) {  // another rank's expert: counted, not read
+      for (const char* proj : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
+        const TensorView* t = f.find(prefix + proj);
+        if (t == nullptr) return not_found(f.path() + ": tensor '" + prefix + proj + "' is missing");
+        model_weight_bytes_ += t->n_bytes;
+      }
+      continue;
+    }
     DS_RETURN_IF_ERROR(bind_mlp(prefix, inter, &w->experts[e]));
-    DS_RETURN_IF_ERROR(shard_mlp(prefix, inter, &w->experts[e]));
+    if (!expert_parallel_) DS_RETURN_IF_ERROR(shard_mlp(prefix, inter, &w->experts[e]));
   }
   // More experts in the file than the config declares is a contradiction too.
   const std::string extra = p + "experts." + std::to_string(n_exp) + ".gate_proj.weight";
@@ -380,7 +412,7 @@ Status DeepseekModel::bind_weights() {
     if (t != nullptr) backend_.prepare_matmul_weight(*t);
   };
   auto prepare_mlp = [&](const Mlp& m) {
-    for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);
+    for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);  // null: another rank's expert
   };
   prepare(lm_head_);
   for (const LayerWeights& w : layers_) {
@@ -414,7 +446,7 @@ size_t DeepseekModel::active_weight_bytes_per_token() const {
       bytes += mlp_bytes(w.dense);
     } else {
       bytes += mlp_bytes(w.shared);
-      if (!w.experts.empty()) bytes += mlp_bytes(w.experts[0]) * config_.n_experts_per_tok;
+      if (expert_begin_ < expert_end_) bytes += mlp_bytes(w.experts[expert_begin_]) * config_.n_experts_per_tok;
     }
   }
   return bytes;

@@ -37,6 +37,11 @@
 // replicated: every rank caches the whole latent [c | k_pe], which has no head
 // dimension, and routes every token itself (all ranks see the same x, so they choose
 // the same experts). One all-reduce after o_proj and one after the MLP/MoE.
+// With expert parallelism (vLLM's --enable-expert-parallel) the routed experts are
+// not cut but dealt out whole: rank r keeps experts [r E/N, (r+1) E/N) at full width
+// and computes them for every token routed to them (every rank has every token, so
+// no token moves); the MoE's all-reduce adds the ranks' experts together. Shared
+// experts stay split by width.
 //
 // Thread-safety: forward() uses internal scratch buffers; drive one model from one
 // thread. The weights are shared read-only.
@@ -85,14 +90,16 @@ class DeepseekModel {
   static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<ModelFiles> files,
                                                      Backend& backend, int64_t max_context = 0,
                                                      MlaPath path = MlaPath::kAuto,
-                                                     dist::Communicator* comm = nullptr);
+                                                     dist::Communicator* comm = nullptr,
+                                                     bool expert_parallel = false);
   ~DeepseekModel();
   DeepseekModel(const DeepseekModel&) = delete;
   DeepseekModel& operator=(const DeepseekModel&) = delete;
 
   const DeepseekConfig& config() const { return config_; }
   // This rank's share of config(): n_heads and the MLPs' intermediate sizes divided by
-  // the tensor-parallel size; equal to config() on one rank.
+  // the tensor-parallel size (moe_intermediate_size: whole under expert parallelism);
+  // equal to config() on one rank.
   const DeepseekConfig& shard_config() const { return shard_; }
   const ModelFiles& files() const { return *files_; }
   int64_t max_context() const { return max_context_; }
@@ -222,6 +229,9 @@ class DeepseekModel {
   std::unique_ptr<dist::Communicator> own_comm_;  // the single-rank group when none is given
   dist::Communicator* comm_ = nullptr;            // never null after load()
   int64_t head_begin_ = 0;                        // this rank's first attention head
+  bool expert_parallel_ = false;
+  int64_t expert_begin_ = 0, expert_end_ = 0;      // this rank's routed experts
+  int64_t shared_inter_ = 0;                       // its width of the shared experts
   VocabParallel vocab_;                           // its slice of embedding and lm_head
   TensorShards shards_;                           // its views and copies of split tensors
   // Weight bytes of the whole model as bound, and of this rank's share of them.

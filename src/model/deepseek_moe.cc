@@ -118,7 +118,9 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
   const int E = c.n_routed_experts, k = c.n_experts_per_tok;
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.moe_intermediate_size;
-  const int64_t shared_inter = inter * c.n_shared_experts;
+  const int64_t shared_inter = shared_inter_;
+  // This rank's routed experts (all of them without expert parallelism).
+  const int e0 = static_cast<int>(expert_begin_), e1 = static_cast<int>(expert_end_);
   std::vector<int32_t> ids;
   std::vector<float> weights;
   route(w, n, &ids, &weights);
@@ -136,9 +138,11 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
     slot_token[at] = i / k;
     slot_weight[at] = weights[i];
   }
-  // expert_in [n_slots, hidden]: slot i's token, in slot (expert) order.
+  // expert_in [n_slots, hidden]: slot i's token, in slot (expert) order; this rank's
+  // experts' slots are [start[e0], start[e1]).
+  const int64_t local0 = start[e0], local1 = start[e1];
   s.expert_in.resize(n_slots * hidden);
-  for (int64_t i = 0; i < n_slots; ++i) {
+  for (int64_t i = local0; i < local1; ++i) {
     std::memcpy(&s.expert_in[i * hidden], &s.xb[slot_token[i] * hidden], hidden * sizeof(float));
   }
 
@@ -154,7 +158,7 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
   down.reserve(E + 1);
   groups.reserve(E + 1);
   moe_stats_.routed_slots += n_slots;
-  for (int e = 0; e < E; ++e) {
+  for (int e = e0; e < e1; ++e) {
     const int64_t m = start[e + 1] - start[e];
     if (m == 0) {
       ++moe_stats_.expert_idle;
@@ -171,20 +175,23 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
     gate_up.push_back({w.shared.up, nullptr, s.up.data() + n_slots * inter});
   }
   int j = 0;
-  for (int e = 0; e < E; ++e) {
+  for (int e = e0; e < e1; ++e) {
     const int64_t m = start[e + 1] - start[e];
     if (m == 0) continue;
     groups.push_back({s.expert_in.data() + start[e] * hidden, m, &gate_up[2 * j++], 2});
   }
   if (shared) groups.push_back({s.xb.data(), n, &gate_up[2 * j], 2});
   backend_.matmul_grouped(groups.data(), static_cast<int>(groups.size()));
-  backend_.silu_mul(s.gate.data(), s.up.data(), act, s.gate.data());
+  // silu(gate) * up over this rank's slots' rows and the shared experts' rows.
+  const int64_t lo = local0 * inter, hi = local1 * inter, sh = n_slots * inter;
+  backend_.silu_mul(s.gate.data() + lo, s.up.data() + lo, hi - lo, s.gate.data() + lo);
+  backend_.silu_mul(s.gate.data() + sh, s.up.data() + sh, act - sh, s.gate.data() + sh);
 
   // expert_out [n_slots + n, hidden]: each slot's expert output, then the shared
   // experts' output of every token.
   s.expert_out.resize((n_slots + n) * hidden);
   groups.clear();
-  for (int e = 0; e < E; ++e) {
+  for (int e = e0; e < e1; ++e) {
     const int64_t m = start[e + 1] - start[e];
     if (m == 0) continue;
     down.push_back({w.experts[e].down, nullptr, s.expert_out.data() + start[e] * hidden});
@@ -197,7 +204,7 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
   backend_.matmul_grouped(groups.data(), static_cast<int>(groups.size()));
 
   std::fill(s.moe_out.begin(), s.moe_out.begin() + n * hidden, 0.0f);
-  for (int64_t i = 0; i < n_slots; ++i) {
+  for (int64_t i = local0; i < local1; ++i) {
     const float wt = slot_weight[i];
     float* dst = &s.moe_out[slot_token[i] * hidden];
     const float* src = &s.expert_out[i * hidden];

@@ -7,6 +7,8 @@ neon-dotprod) and as an ARMv8.0 core (cortex-a72: the level neon):
 - per-position log-probabilities of the tiny random Llama and DeepSeek-V3 checkpoints
   of test_llama_reference.py / test_deepseek_reference.py within 1e-3 of transformers
   in F32, and the same greedy continuation;
+- a W8A8 (int8 x int8) tiny Llama from llmcompressor against the torch reference of
+  test_w8a8_reference.py, on both levels;
 - on the default model, the aarch64 greedy text equals the x86 binary's (and
   transformers') up to the first position where transformers' two best logits are
   within 0.05 (past a near-tie, kernels that quantise activations may pick either).
@@ -100,6 +102,22 @@ def test_deepseek_v3_against_transformers(arm64_bin, tmp_path):
     assert _worst(absorbed, want["logprobs"]) < 1e-3, "absorbed MLA vs transformers"
     greedy, _ = _greedy(runner, arm64_bin, model_dir, prompt, deepseek.GEN_LEN)
     assert greedy == want["greedy"]
+
+
+@pytest.mark.parametrize("core,level", CORES, ids=[c for c, _ in CORES])
+def test_w8a8_against_torch_reference(core, level, arm64_bin, tmp_path):
+    """A tiny Llama quantised to W8A8 by llmcompressor (test_w8a8_reference.py's
+    dynamic case) on the ARM int8 kernels: per row on the ARMv8.0 level, packed SDOT
+    panels on neon-dotprod. Same criterion as on x86 against the torch reference."""
+    import test_w8a8_reference as w8a8
+    case = next(c for c in w8a8.CASES if c["name"] == "llama-dynamic")
+    _, w8a8_dir = w8a8._fixture(case)
+    prompt = w8a8._prompt(case)
+    want = w8a8._reference_logprobs(case, w8a8_dir, prompt)
+    got = _logprobs(lambda args: qemu_run(core, args), arm64_bin, w8a8_dir, prompt, tmp_path)
+    diffs = [abs(a - b) for a, b in zip(got, want)]
+    assert sum(d < 1e-3 for d in diffs) >= 0.9 * len(diffs), diffs
+    assert max(diffs) < 0.05, diffs
 
 
 def test_default_model_greedy_equals_x86(reference, arm64_bin, dserve_bin, default_model):  # noqa: F811

@@ -123,7 +123,7 @@ DS_TP_CASES = [("v3-qlora-yarn", 2), ("v3-qlora-yarn", 4), ("v3-noqlora", 4),
                ("v2-lite-yarn", 2), ("v2-grouped", 2)]
 
 
-def _ds_split_params(path, n, rank):
+def _ds_split_params(path, n, rank, expert_parallel=False):
     """(all, rank's) parameters of a DeepSeek safetensors checkpoint: the tensors split
     by heads or by the MLPs' intermediate dimension count 1/n, embedding and lm_head
     their vocabulary slice, the rest (norms, q_a / kv_a, routers) whole. Derived from
@@ -137,7 +137,13 @@ def _ds_split_params(path, n, rank):
             shape = f.get_slice(k).get_shape()
             size = math.prod(shape)
             total += size
-            if k in ("model.embed_tokens.weight", "lm_head.weight"):
+            expert = re.match(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.", k)
+            if expert_parallel and expert:  # whole experts, 1/n of them per rank
+                n_experts = len({re.match(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.", x).group(1)
+                                 for x in f.keys() if ".mlp.experts." in x})
+                if int(expert.group(1)) // (n_experts // n) == rank:
+                    mine += size
+            elif k in ("model.embed_tokens.weight", "lm_head.weight"):
                 per = -(-shape[0] // n)
                 rows = min(shape[0], (rank + 1) * per) - min(shape[0], rank * per)
                 mine += rows * shape[1]
@@ -169,6 +175,37 @@ def test_tiny_deepseek_against_transformers_and_one_rank(name, n, dserve_bin, tm
         want_total, want_mine = _ds_split_params(model_dir, n, int(rank))
         assert int(size) == n and int(total) == 4 * want_total
         assert int(mine) == 4 * want_mine, (rank, mine, total)
+
+
+@pytest.mark.parametrize("name,n", [("v3-qlora-yarn", 2), ("v2-lite-yarn", 4)],
+                         ids=["v3-qlora-yarn-tp2", "v2-lite-yarn-tp4"])
+def test_deepseek_expert_parallel(name, n, dserve_bin, tmp_path):
+    """--enable-expert-parallel: each rank holds 16 / n whole routed experts (and 1/n of
+    everything else) and computes them for every token routed there; outputs as
+    transformers' and TP = 1's."""
+    import test_deepseek_reference as ds
+    model_dir, ref = ds._fixture(ds._case(name))
+    prompt, want = ref["prompt"], ref["native"]
+    one, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, 1)
+    ep = ["--enable-expert-parallel"]
+    got, r = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--log-level", "info", *ep])
+    absorbed, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--batch", 1, *ep])
+    for lp, what in ((got, "expanded"), (absorbed, "absorbed")):
+        assert max(abs(a - b) for a, b in zip(lp, want["logprobs"])) < 1e-3, f"{what} vs transformers"
+        assert max(abs(a - b) for a, b in zip(lp, one)) < 1e-3, f"{what} vs TP=1"
+    per = ds.MOE["n_routed_experts"] // n
+    for rank in range(n):
+        assert f"expert parallel rank {rank}/{n}: routed experts {rank * per}-{rank * per + per - 1} of " \
+               f"{ds.MOE['n_routed_experts']}" in r.stderr, r.stderr[-3000:]
+    shares = re.findall(r"tensor parallel rank (\d+)/(\d+): weights (\d+) of (\d+) bytes", r.stderr)
+    assert len(shares) == n
+    for rank, _, mine, total in shares:
+        want_total, want_mine = _ds_split_params(model_dir, n, int(rank), expert_parallel=True)
+        assert (int(total), int(mine)) == (4 * want_total, 4 * want_mine), rank
+    greedy_ep = run([dserve_bin, "generate", "--model", model_dir, "--prompt-ids",
+                     ",".join(map(str, prompt)), "--max-tokens", GEN_LEN, "--temperature", 0,
+                     "--print-ids", "--ignore-eos", *tp_args(n), *ep], timeout=300).stdout
+    assert [int(x) for x in greedy_ep.strip().split(",")] == want["greedy"]
 
 
 def test_deepseek_gguf_stacked_experts_split_kv_b(dserve_bin, tmp_path):
