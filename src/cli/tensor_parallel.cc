@@ -17,6 +17,7 @@
 
 #include "base/log.h"
 #include "cli/cli_common.h"
+#include "dist/counting_communicator.h"
 #include "dist/gloo_communicator.h"
 #include "model/tp_causal_lm.h"
 
@@ -204,6 +205,9 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
     if (rank != 0) end_worker(rank, comm.status());
     return comm.status();
   }
+  // Calls and time per collective, for the share of a run spent communicating (logged
+  // with the model's stats at --log-level info).
+  *comm = std::make_unique<dist::CountingCommunicator>(std::move(*comm));
   Result<std::unique_ptr<CausalLm>> local =
       load_causal_lm(std::move(files), backend, context, comm->get(), o.expert_parallel);
   if (rank != 0) {

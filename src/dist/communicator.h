@@ -51,6 +51,9 @@ class Communicator {
   // to rank r; out_counts[r] bytes arrive from rank r. Counts must match pairwise.
   virtual Status all_to_all_v(std::span<const std::byte> in, const std::vector<int64_t>& in_counts,
                               std::span<std::byte> out, const std::vector<int64_t>& out_counts) = 0;
+
+  // What the implementation counted (calls, time), for the logs; "" when nothing.
+  virtual std::string stats() const { return {}; }
 };
 
 // The group of one: every collective is the identity, so today's single-process path

@@ -174,7 +174,11 @@ class TpDriver final : public CausalLm {
     return named(local_->forward_batch(batch, c.local(), logits));
   }
   size_t weight_bytes_per_token() const override { return local_->weight_bytes_per_token(); }
-  std::string stats() const override { return local_->stats(); }
+  std::string stats() const override {
+    std::string s = local_->stats();
+    const std::string comm = comm_ ? comm_->stats() : std::string();
+    return s.empty() ? comm : comm.empty() ? s : s + "; " + comm;
+  }
 
   // Broadcasts one call. After a failure every later call fails with the same error,
   // so the caller sees the first cause.
