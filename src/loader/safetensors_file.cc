@@ -21,6 +21,8 @@ std::optional<DType> dtype_from_name(const std::string& s) {
   if (s == "BF16") return DType::kBF16;
   if (s == "F8_E4M3") return DType::kF8_E4M3;  // DeepSeek FP8 weights (with block scales)
   if (s == "I8") return DType::kI8;  // W8A8 weights (row scales: loader/compressed_tensors.h)
+  if (s == "I32") return DType::kI32;  // msModelSlim's quant_bias (loader/ascend_quant.h)
+  if (s == "I64") return DType::kI64;  // msModelSlim's deq_scale of float16 models
   return std::nullopt;
 }
 

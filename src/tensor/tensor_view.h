@@ -27,6 +27,10 @@ struct TensorView {
   // quantised per token at run time (scale max|x| / 127). Owned by the loader.
   const float* row_scales = nullptr;
   float input_scale = 0.0f;
+  // DType::kI8 only, else null: [n_rows] floats added to the product's outputs (static
+  // activations with a zero point, msModelSlim's quant_bias: loader/ascend_quant.h).
+  // Owned by the loader.
+  const float* row_bias = nullptr;
 
   int64_t n_elements() const {
     int64_t n = 1;

@@ -29,6 +29,8 @@ ActFormat act_format_for(DType weight) {
     case DType::kF8_E4M3:  // converted at load (model/fp8_weights.h); no kernel
     case DType::kQ5_0:     // converted at load (tensor/requantize.h); no kernel
     case DType::kQ5_1:
+    case DType::kI32:      // checkpoint metadata (loader/ascend_quant.h); no kernel
+    case DType::kI64:
       break;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(weight));

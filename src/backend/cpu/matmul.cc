@@ -390,9 +390,15 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     }
   });
 
-  // 4. Biases.
+  // 4. Biases: I8 weights' own (TensorView::row_bias), then the layer's.
   for (int i = 0; i < n_plans; ++i) {
     const MatmulTarget& target = groups[plans[i].group].targets[plans[i].target];
+    if (target.w->dtype == DType::kI8 && target.w->row_bias != nullptr) {
+      const int64_t n = target.w->shape[0];
+      for (int64_t t = 0; t < groups[plans[i].group].n_tokens; ++t) {
+        kernels_.add_f32(target.y + t * n, target.w->row_bias, n);
+      }
+    }
     if (target.bias == nullptr) continue;
     const int64_t n = target.w->shape[0];
     DS_CHECK(target.bias->n_elements() == n);
