@@ -23,13 +23,19 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 // The float values of a tensor of `n` values (shape [n], [n, 1], or [1] / [] for n = 1).
+// per_tensor: one value ([1]) may stand for all n (msModelSlim's per-tensor weights).
 Result<std::vector<float>> values(const std::string& where, const std::map<std::string, TensorView>& tensors,
-                                  const std::string& name, int64_t n, const std::string& owner) {
+                                  const std::string& name, int64_t n, const std::string& owner,
+                                  bool per_tensor = false) {
   const auto it = tensors.find(name);
   if (it == tensors.end()) {
     return not_found(where + ": int8 tensor '" + owner + "' has no '" + name + "' (missing)");
   }
   const TensorView& t = it->second;
+  if (per_tensor && n > 1 && t.n_elements() == 1 && t.n_dims() <= 2) {
+    DS_ASSIGN_OR_RETURN(std::vector<float> one, values(where, tensors, name, 1, owner));
+    return std::vector<float>(static_cast<size_t>(n), one[0]);
+  }
   const bool shape_ok = t.n_elements() == n &&
                         (t.shape == std::vector<int64_t>{n} || t.shape == std::vector<int64_t>{n, 1} ||
                          (n == 1 && t.n_dims() == 0));
@@ -127,9 +133,9 @@ Status attach_ascend_quant(const nlohmann::json& description, const std::string&
     }
     const std::string base = name.substr(0, name.size() - std::string(".weight").size());
     const int64_t n_out = view.shape[0], n_in = view.shape[1];
-    DS_ASSIGN_OR_RETURN(std::vector<float> scale, values(where, *tensors, base + ".weight_scale", n_out, name));
+    DS_ASSIGN_OR_RETURN(std::vector<float> scale, values(where, *tensors, base + ".weight_scale", n_out, name, true));
     DS_RETURN_IF_ERROR(check_scales(where, base + ".weight_scale", scale));
-    DS_ASSIGN_OR_RETURN(std::vector<float> offset, values(where, *tensors, base + ".weight_offset", n_out, name));
+    DS_ASSIGN_OR_RETURN(std::vector<float> offset, values(where, *tensors, base + ".weight_offset", n_out, name, true));
     DS_RETURN_IF_ERROR(check_offsets(where, base + ".weight_offset", offset));
     bool any_offset = false;
     for (float o : offset) any_offset |= o != 0.0f;
@@ -165,23 +171,16 @@ Status attach_ascend_quant(const nlohmann::json& description, const std::string&
       view.row_scales = storage->floats.back().data();
       continue;
     }
-    // Static W8A8. The format's activations are q = clamp(round(x / s) + o, -128, 127).
-    // With o = 0 that is dserve's static quantisation (which clamps to [-127, 127]: the
-    // two differ only past the calibrated range), and deq * (q . w + qb) =
-    // (deq / s) * s * (q . w) + deq * qb: dserve's kI8 product with row scales deq / s,
-    // plus a per-row constant. A non-zero o shifts the range q covers; dserve's kernels
-    // quantise activations symmetrically, so it is refused for now (see the report in
-    // the tests: q0 = round(x / s) could need [-128 - o, 127 - o], outside int8).
+    // Static W8A8. The format's activations are q = clamp(round(x / s) + o, -128, 127),
+    // dserve's static quantisation with input_offset o (which clamps to [-127, 127]:
+    // the two differ where the format gives -128, the calibrated range's lowest step),
+    // and deq * (q . w + qb) = (deq / s) * s * (q . w) + deq * qb: dserve's kI8 product
+    // with row scales deq / s, plus a per-row constant.
     DS_ASSIGN_OR_RETURN(std::vector<float> in_scale, values(where, *tensors, base + ".input_scale", 1, name));
     DS_RETURN_IF_ERROR(check_scales(where, base + ".input_scale", in_scale));
     DS_ASSIGN_OR_RETURN(std::vector<float> in_offset, values(where, *tensors, base + ".input_offset", 1, name));
     DS_RETURN_IF_ERROR(check_offsets(where, base + ".input_offset", in_offset));
-    if (in_offset[0] != 0.0f) {
-      return unimplemented(where + ": tensor '" + base + ".input_offset' is " + std::to_string(in_offset[0]) +
-                           "; static W8A8 with an activation zero point (asymmetric activations) is not "
-                           "supported yet, only input_offset 0");
-    }
-    DS_ASSIGN_OR_RETURN(std::vector<float> deq, values(where, *tensors, base + ".deq_scale", n_out, name));
+    DS_ASSIGN_OR_RETURN(std::vector<float> deq, values(where, *tensors, base + ".deq_scale", n_out, name, true));
     DS_RETURN_IF_ERROR(check_scales(where, base + ".deq_scale", deq));
     const auto qb_it = tensors->find(base + ".quant_bias");
     if (qb_it != tensors->end() && qb_it->second.dtype != DType::kI32) {
@@ -207,6 +206,7 @@ Status attach_ascend_quant(const nlohmann::json& description, const std::string&
     storage->floats.push_back(std::move(row_scales));
     view.row_scales = storage->floats.back().data();
     view.input_scale = s;
+    view.input_offset = static_cast<int>(in_offset[0]);
     storage->floats.push_back(std::move(bias));
     const float* folded_bias = storage->floats.back().data();
     // vllm-ascend's static path adds quant_bias, not the layer's float bias (folded into

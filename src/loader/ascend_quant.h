@@ -4,16 +4,16 @@
 //    "W8A8_DYNAMIC", ..., "lm_head.weight": "FLOAT"}
 // (keys without a dot are metadata), and per quantised linear layer X the tensors
 //   X.weight         I8  [n_out, n_in]  real weights: weight_scale * (q - weight_offset)
-//   X.weight_scale   float [n_out, 1] or [n_out]
-//   X.weight_offset  float [n_out, 1] or [n_out]  (integer values; 0 for symmetric)
+//   X.weight_scale   float [n_out, 1], [n_out] or [1]
+//   X.weight_offset  float [n_out, 1], [n_out] or [1]  (integer values; 0 for symmetric)
 // and, for static "W8A8" (one calibrated activation scale and zero point per tensor):
 //   X.input_scale    float [1]   s
 //   X.input_offset   I8 or float [1]  o: activations q = clamp(round(x / s) + o)
 //   X.quant_bias     I32 [n_out]  qb
-//   X.deq_scale      F32 [n_out] (or I64 holding float32 bits, float16 models) = s * weight_scale
+//   X.deq_scale      F32 [n_out] or [1] (or I64 holding float32 bits) = s * weight_scale
 // where vllm-ascend computes y = deq_scale * (q · w + qb) (npu_quant_matmul; qb
-// already holds -o * sum(w) and the layer's float bias over deq_scale). dserve reads
-// static W8A8 with o = 0 only (symmetric activations); a non-zero o is Unimplemented. "W8A8_DYNAMIC"
+// already holds -o * sum(w) and the layer's float bias over deq_scale). Scales and
+// offsets of shape [1] are per tensor (msModelSlim writes them so for per-tensor weights). "W8A8_DYNAMIC"
 // quantises activations per token, symmetric (scale max|x| / 127), as dserve's kI8.
 //
 // attach_ascend_quant() maps both onto dserve's kI8 weights (TensorView row_scales,

@@ -26,6 +26,7 @@ TensorView row_slice(const TensorView& t, int64_t first, int64_t n_rows) {
   if (t.row_scales != nullptr) v.row_scales = t.row_scales + first;  // I8: its rows' scales
   if (t.row_bias != nullptr) v.row_bias = t.row_bias + first;
   v.input_scale = t.input_scale;
+  v.input_offset = t.input_offset;
   return v;
 }
 
