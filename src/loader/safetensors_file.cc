@@ -104,7 +104,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     if (!dtype) {
       if (is_known_dtype(dtype_str)) {
         return unimplemented(path + ": " + where + " has dtype " + dtype_str +
-                             "; dserve supports F32, F16, BF16, F8_E4M3 and I8");
+                             "; dserve supports F32, F16, BF16, F8_E4M3, I8, I32 and I64");
       }
       return bad(where + " has unknown dtype '" + dtype_str + "'");
     }
