@@ -23,6 +23,7 @@ with q_x = clamp(round(x / input_scale) + input_offset) (the float bias is in
 quant_bias). dserve's log-probs must agree within 1e-3 at every position, up to
 activations on a rounding tie (test_w8a8_reference.assert_agrees_up_to_ties).
 """
+import contextlib
 import importlib.metadata
 import json
 import shutil
@@ -40,7 +41,7 @@ import safetensors.torch  # noqa: E402
 import test_w8a8_deepseek_reference as dsw  # noqa: E402
 import test_w8a8_reference as w8a8  # noqa: E402
 
-FIXTURE_VERSION = 3
+FIXTURE_VERSION = 4
 FLOAT_LAYERS = ("lm_head", "mlp.gate", "kv_b_proj")  # what msModelSlim leaves in float
 
 
@@ -154,8 +155,11 @@ def _run_msmodelslim(model, out_dir, static, vocab, seed):
                          act_method=1, is_dynamic=not static)
     g = torch.Generator().manual_seed(3000 + seed)
     data = [[torch.randint(0, vocab, (1, 64), generator=g)] for _ in range(4)]
-    calibrator = Calibrator(model, config, calib_data=data, disable_level="L0")
-    calibrator.run()
+    # Its calibrator leaves a features.npy in the working directory: run it in out_dir's.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.chdir(out_dir.parent):
+        calibrator = Calibrator(model, config, calib_data=data, disable_level="L0")
+        calibrator.run()
     raw = out_dir.with_name("raw")
     calibrator.save(str(raw), save_type=["safe_tensor"])
     out_dir.mkdir(parents=True)
