@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "base/progress_bar.h"
+#include "loader/ascend_quant.h"
 #include "loader/compressed_tensors.h"
 #include "loader/gguf_names.h"
 #include "loader/safetensors_file.h"
@@ -189,7 +190,12 @@ Status ModelFiles::apply_quantization(const std::string& expected) {
   const std::string config = path_ + "/config.json";
   const bool ascend = format_ == ModelFormat::kHuggingFace &&
                       path_exists(path_ + "/quant_model_description.json");
-  if (format_ == ModelFormat::kHuggingFace && is_compressed_tensors(hf_config_)) {
+  const bool compressed = format_ == ModelFormat::kHuggingFace && is_compressed_tensors(hf_config_);
+  if (compressed && ascend) {
+    return invalid_argument(path_ + ": both config.json's quantization_config (compressed-tensors) and "
+                            "quant_model_description.json (ascend) are present; which one holds?");
+  }
+  if (compressed) {
     quantization_ = "compressed-tensors";
   } else if (ascend) {
     quantization_ = "ascend";
@@ -203,8 +209,10 @@ Status ModelFiles::apply_quantization(const std::string& expected) {
         (quantization_ == "ascend" ? " (quant_model_description.json)" : ""));
   }
   if (quantization_ == "ascend") {
-    return unimplemented(path_ + ": msModelSlim's W8A8 layout (quant_model_description.json, "
-                         "--quantization ascend) is not read yet");
+    const std::string description_path = path_ + "/quant_model_description.json";
+    nlohmann::json description;
+    DS_RETURN_IF_ERROR(read_json(description_path, true, &description));
+    DS_RETURN_IF_ERROR(attach_ascend_quant(description, description_path, &tensors_, &ascend_));
   }
   if (quantization_ == "compressed-tensors") {
     DS_RETURN_IF_ERROR(attach_compressed_tensors(hf_config_, config + ": quantization_config",
@@ -212,8 +220,8 @@ Status ModelFiles::apply_quantization(const std::string& expected) {
   }
   for (const auto& [name, t] : tensors_) {  // no int8 weight without its scales
     if (t.dtype == DType::kI8 && t.row_scales == nullptr) {
-      return corrupt(path_ + ": int8 tensor '" + name + "' has no scale: config.json declares " +
-                     "no quantization (quant_method compressed-tensors) that would give it one");
+      return corrupt(path_ + ": int8 tensor '" + name + "' has no scale: neither config.json " +
+                     "(quant_method compressed-tensors) nor quant_model_description.json gives it one");
     }
   }
   return Status::Ok();

@@ -27,6 +27,7 @@
 
 #include "base/mapped_file.h"
 #include "base/status.h"
+#include "loader/ascend_quant.h"
 #include "loader/gguf_file.h"
 #include "tensor/tensor_view.h"
 
@@ -102,6 +103,7 @@ class ModelFiles {
   bool rope_pairs_interleaved_ = false;
   std::string quantization_;
   std::vector<std::vector<float>> scales_;  // float copies of int8 weights' scales
+  AscendQuantStorage ascend_;               // msModelSlim's scales, biases, folded weights
 };
 
 }  // namespace dserve

@@ -21,6 +21,8 @@ std::optional<DType> dtype_from_name(const std::string& s) {
   if (s == "BF16") return DType::kBF16;
   if (s == "F8_E4M3") return DType::kF8_E4M3;  // DeepSeek FP8 weights (with block scales)
   if (s == "I8") return DType::kI8;  // W8A8 weights (row scales: loader/compressed_tensors.h)
+  if (s == "I32") return DType::kI32;  // msModelSlim's quant_bias (loader/ascend_quant.h)
+  if (s == "I64") return DType::kI64;  // msModelSlim's deq_scale of float16 models
   return std::nullopt;
 }
 
@@ -102,7 +104,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     if (!dtype) {
       if (is_known_dtype(dtype_str)) {
         return unimplemented(path + ": " + where + " has dtype " + dtype_str +
-                             "; dserve supports F32, F16, BF16, F8_E4M3 and I8");
+                             "; dserve supports F32, F16, BF16, F8_E4M3, I8, I32 and I64");
       }
       return bad(where + " has unknown dtype '" + dtype_str + "'");
     }

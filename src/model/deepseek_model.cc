@@ -26,7 +26,9 @@ TensorView row_slice(const TensorView& t, int64_t first, int64_t n_rows) {
   v.data = t.row(first);
   v.n_bytes = static_cast<size_t>(n_rows) * t.row_bytes();
   if (t.row_scales != nullptr) v.row_scales = t.row_scales + first;  // I8: its rows' scales
+  if (t.row_bias != nullptr) v.row_bias = t.row_bias + first;
   v.input_scale = t.input_scale;
+  v.input_offset = t.input_offset;
   return v;
 }
 
@@ -280,6 +282,10 @@ Status DeepseekModel::build_absorbed(int layer, LayerWeights* w) {
                      "kv_b_proj.weight' is missing (required by " + c.source + ")");
   }
   if (k_b != nullptr) return Status::Ok();
+  if (w->kv_b->dtype == DType::kI8 && w->kv_b->row_bias != nullptr) {
+    return unimplemented(files_->path() + ": tensor '" + p + "kv_b_proj.weight': static W8A8 with "
+                         "activation zero points on kv_b_proj (msModelSlim leaves it in float)");
+  }
   if (w->kv_b->dtype == DType::kI8) {
     // W8A8 checkpoints: kv_b_proj is only ever used absorbed, as float matrices (as
     // vLLM's MLA does), so it is dequantised here once, with its row scales.

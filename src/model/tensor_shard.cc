@@ -20,6 +20,7 @@ Result<const TensorView*> TensorShards::rows(const TensorView& t, const std::str
     v.data = t.row(begin);
     v.n_bytes = static_cast<size_t>(end - begin) * t.row_bytes();
     if (t.row_scales != nullptr) v.row_scales = t.row_scales + begin;  // I8: the rows' scales
+    if (t.row_bias != nullptr) v.row_bias = t.row_bias + begin;
   }
   views_.push_back(std::move(v));
   return &views_.back();
@@ -51,6 +52,9 @@ Result<const TensorView*> TensorShards::columns(const TensorView& t, const std::
   }
   TensorView v = t;
   v.shape[1] = end - begin;
+  // I8 row biases are whole-row constants: the partial sums of the ranks add up to the
+  // row's product, so only the first columns' share adds the bias (as vllm-ascend's rank 0).
+  if (begin != 0) v.row_bias = nullptr;
   v.data = buffer.get();
   v.n_bytes = total;
   copied_bytes_ += total;

@@ -185,6 +185,24 @@ void dequantize_row(DType type, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]);
       return;
     }
+    case DType::kI32: {  // integer metadata (loader/ascend_quant.h); exact below 2^24
+      const auto* p = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t v;
+        std::memcpy(&v, p + 4 * i, 4);
+        dst[i] = static_cast<float>(v);
+      }
+      return;
+    }
+    case DType::kI64: {
+      const auto* p = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t v;
+        std::memcpy(&v, p + 8 * i, 8);
+        dst[i] = static_cast<float>(v);
+      }
+      return;
+    }
     case DType::kF8_E4M3: {  // without its block scales (applied by the caller)
       const auto* p = static_cast<const uint8_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = fp8_e4m3_to_f32(p[i]);

@@ -20,6 +20,8 @@ const DTypeInfo& dtype_info(DType t) {
   static const DTypeInfo kF8_E4M3{"f8_e4m3", 1, 1};
   static const DTypeInfo kQ5_0{"q5_0", 32, 22};
   static const DTypeInfo kQ5_1{"q5_1", 32, 24};
+  static const DTypeInfo kI32{"i32", 1, 4};
+  static const DTypeInfo kI64{"i64", 1, 8};
   switch (t) {
     case DType::kF32: return kF32;
     case DType::kF16: return kF16;
@@ -34,6 +36,8 @@ const DTypeInfo& dtype_info(DType t) {
     case DType::kF8_E4M3: return kF8_E4M3;
     case DType::kQ5_0: return kQ5_0;
     case DType::kQ5_1: return kQ5_1;
+    case DType::kI32: return kI32;
+    case DType::kI64: return kI64;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(t));
   return kF32;
@@ -76,6 +80,8 @@ uint32_t ggml_type_of(DType t) {
     case DType::kQ6_K: return 14;
     case DType::kI8:
     case DType::kF8_E4M3:
+    case DType::kI32:
+    case DType::kI64:
       DS_CHECK_MSG(false, "%s has no ggml type", std::string(dtype_name(t)).c_str());
       return 0;
     case DType::kBF16: return 30;

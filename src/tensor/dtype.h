@@ -35,6 +35,11 @@ enum class DType : uint8_t {
   // reads them.
   kQ5_0,  // 32 x 5-bit, one f16 scale, offset -16
   kQ5_1,  // 32 x 5-bit, f16 scale and f16 minimum
+  // Integer metadata of quantised checkpoints (msModelSlim's quant_bias, and deq_scale
+  // where it holds float32 bits in an int64): read by the loader only
+  // (loader/ascend_quant.h), never a weight; no kernel reads them.
+  kI32,
+  kI64,
 };
 
 struct DTypeInfo {

@@ -27,6 +27,13 @@ struct TensorView {
   // quantised per token at run time (scale max|x| / 127). Owned by the loader.
   const float* row_scales = nullptr;
   float input_scale = 0.0f;
+  // Static activations' zero point (msModelSlim's input_offset; compressed-tensors: 0):
+  // q = round(x / input_scale) + input_offset.
+  int input_offset = 0;
+  // DType::kI8 only, else null: [n_rows] floats added to the product's outputs (static
+  // activations with a zero point, msModelSlim's quant_bias: loader/ascend_quant.h).
+  // Owned by the loader.
+  const float* row_bias = nullptr;
 
   int64_t n_elements() const {
     int64_t n = 1;

@@ -7,13 +7,14 @@ with per-channel scales, and activations either dynamic per token (the "W8A8" pr
 or static per tensor (calibrated input_scale). lm_head stays in float (the recipes'
 ignore list). Checkpoints are cached under $DSERVE_CACHE/fixtures.
 
-The reference (_reference_logprobs) reads the saved checkpoint itself: the float
+The reference (_reference_model) reads the saved checkpoint itself: the float
 model of the same config with every int8 weight dequantised (q * weight_scale), and
 each quantised linear layer's input quantised as the format specifies: per token,
 d = max|x| / 127 and q = round-half-even(x * (1 / d)) (vLLM's CPU path), or with the
 static input_scale; the product is the int8 x int8 dot times both scales. dserve's
-per-position log-probabilities must agree within 1e-3 (bar the rare token where an
-activation sits on a rounding tie, see the test), and stay within the quantisation's
+per-position log-probabilities must agree within 1e-3 at every position once the
+activations that sit on a rounding tie and that dserve rounded the other way are
+rounded that way in the reference too (Rounding, assert_agrees_up_to_ties), and stay within the quantisation's
 expected error of the unquantised model.
 
 One difference from vLLM, on both sides: static activations clamp to [-127, 127]
@@ -45,9 +46,7 @@ CASES = [
     dict(name="llama-dynamic", arch="llama", static=False, hidden=128, layers=2, heads=4,
          kv_heads=2, ffn=256, seed=11),
     dict(name="llama-static", arch="llama", static=True, hidden=128, layers=2, heads=4,
-         kv_heads=2, ffn=256, seed=12, xfail="open: positions after the first differ by "
-         "up to 0.06 from the reference; this case is the one whose activations pass the "
-         "calibrated range (clamped), qwen2-static stays inside it and agrees"),
+         kv_heads=2, ffn=256, seed=12),
     dict(name="qwen2-dynamic", arch="qwen2", static=False, hidden=128, layers=2, heads=4,
          kv_heads=2, ffn=256, seed=13),
     dict(name="qwen2-static", arch="qwen2", static=True, hidden=96, layers=3, heads=6,
@@ -137,36 +136,130 @@ def _prompt(case):
     return torch.randint(0, VOCAB, (PROMPT_LEN,), generator=g).tolist()
 
 
-def _quantise_activations(x, input_scale):
+class Rounding:
+    """Where the references' activation rounding sits on a tie, and which ties to flip.
+
+    Rounding x / d to int8 is discontinuous: where it sits within float noise of a half
+    step, torch and dserve (the same formula, different summation order upstream) may
+    round apart, and the one changed activation moves that token's hidden state and,
+    through the KV cache, every later position a little. The reference records every
+    activation within NEAR (in quantisation steps) of a tie as (layer, token, channel),
+    and can be told to round chosen ones the other way (assert_agrees_up_to_ties).
+    """
+    NEAR = 5e-4
+
+    def __init__(self):
+        self.flips = set()
+        self.ties = {}  # (layer, token, channel) -> distance from the tie, in steps
+
+    def round(self, v, key):
+        """round-half-even(v) [..., n_tokens, k], bar the flipped entries."""
+        q = torch.round(v)
+        dist = ((v - torch.trunc(v)).abs() - 0.5).abs()
+        for idx in (dist < self.NEAR).nonzero().tolist():
+            self.ties[(key, idx[-2], idx[-1])] = dist[tuple(idx)].item()
+        for (k, token, channel) in self.flips:
+            if k == key and token < v.shape[-2]:
+                x, r = v[..., token, channel], q[..., token, channel]
+                q[..., token, channel] = torch.where(x >= r, r + 1, r - 1)
+        return q
+
+
+ROUNDING = Rounding()
+
+# Layers that read the same input: dserve quantises it once for all of them, so a tie
+# there is one rounding decision (Rounding keys name the group).
+_SAME_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj",
+               "kv_a_proj_with_mqa": "q_proj", "q_a_proj": "q_proj"}
+
+
+def input_key(layer_name):
+    """The Rounding key of a layer's input: its name, or its group's first layer's."""
+    parent, _, child = layer_name.rpartition(".")
+    return parent + "." + _SAME_INPUT.get(child, child)
+
+
+def _quantise_activations(x, input_scale, key=None):
     """x [..., k] -> (int8 values as float64, scale per row) as the format specifies."""
     if input_scale is None:  # dynamic, per token
         d = x.abs().amax(dim=-1, keepdim=True) / 127.0
         inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-        q = torch.round(x * inv)
+        q = ROUNDING.round(x * inv, key)
     else:  # static, one calibrated scale
         d = torch.full(x.shape[:-1] + (1,), float(input_scale), dtype=torch.float32)
-        q = torch.clamp(torch.round(x * (1.0 / d)), -127, 127)
+        q = torch.clamp(ROUNDING.round(x * (1.0 / d), key), -127, 127)
     return q.double(), d
 
 
 class W8A8Linear(torch.nn.Module):
     """y = (q_x . q_w) * d_x * w_scale + bias: the int8 product, scaled once."""
 
-    def __init__(self, q_weight, weight_scale, input_scale, bias):
+    def __init__(self, q_weight, weight_scale, input_scale, bias, key=None):
         super().__init__()
         self.q_weight = q_weight.double()           # [n_out, n_in], int8 values
         self.weight_scale = weight_scale.reshape(-1).float()  # [n_out]
         self.input_scale = input_scale
         self.bias = bias
+        self.key = key  # input_key(the layer's name), for Rounding
 
     def forward(self, x):
-        q, d = _quantise_activations(x.float(), self.input_scale)
+        q, d = _quantise_activations(x.float(), self.input_scale, self.key)
         y = (q @ self.q_weight.T).float() * (d * self.weight_scale)
         return y + self.bias if self.bias is not None else y
 
 
+def reference_with_ties(model, prompt):
+    """reference(flips) -> (log-probs, ties) of the W8A8 reference model on prompt, with
+    the given activations (Rounding keys) rounded the other way."""
+    def reference(flips):
+        ROUNDING.flips, ROUNDING.ties = set(flips), {}
+        try:
+            return _logprobs(model, prompt), dict(ROUNDING.ties)
+        finally:
+            ROUNDING.flips, ROUNDING.ties = set(), {}
+    return reference
+
+
+def assert_agrees_up_to_ties(got, reference, what, tol=1e-3, max_flips=6, tries=24):
+    """dserve's log-probs `got` within tol of the reference at every position, once the
+    activations dserve rounded the other way on a tie are found and flipped.
+
+    Log-prob i scores token i + 1 from the logits at token i, which depend on tokens
+    0..i only. At the first position p that disagrees, the ties at or before it are
+    tried one at a time (those at token p first, as a flip changes its own token's
+    log-prob most, then the closest); one that makes the reference agree past
+    that position is kept, and the search goes on. Every flip kept was an activation
+    within Rounding.NEAR of a half step; no other difference is excused.
+    """
+    def first_bad(want):
+        return next((i for i, (a, b) in enumerate(zip(got, want)) if abs(a - b) >= tol),
+                    len(got))
+
+    flips = []
+    want, ties = reference(flips)
+    p = first_bad(want)
+    while p < len(got):
+        assert len(flips) < max_flips, f"{what}: {len(flips)} ties flipped ({flips}) and " \
+            f"position {p} still differs by {abs(got[p] - want[p]):.2e}"
+        candidates = sorted((key[1] != p, dist, key) for key, dist in ties.items()
+                            if key[1] <= p and key not in flips)[:tries]
+        for _, _, key in candidates:
+            w, t = reference(flips + [key])
+            if first_bad(w) > p:
+                flips.append(key)
+                want, ties, p = w, t, first_bad(w)
+                break
+        else:
+            diffs = [abs(a - b) for a, b in zip(got, want)]
+            pytest.fail(f"{what}: position {p} differs by {diffs[p]:.2e} and no activation "
+                        f"on a rounding tie at or before it explains it (tried "
+                        f"{[k for _, _, k in candidates]}; ties flipped so far {flips}); "
+                        f"differences {diffs}")
+    return flips
+
+
 @torch.no_grad()
-def _reference_logprobs(case, w8a8_dir, prompt):
+def _reference_model(case, w8a8_dir):
     tensors = safetensors.torch.load_file(str(w8a8_dir / "model.safetensors"))
     model = _build_float_model(case)  # the architecture; every weight replaced below
     state = {k: v for k, v in tensors.items() if not k.endswith(("_scale", "_zero_point"))}
@@ -183,10 +276,10 @@ def _reference_logprobs(case, w8a8_dir, prompt):
         input_scale = tensors.get(name + ".input_scale")
         linear = W8A8Linear(w, tensors[name + ".weight_scale"],
                             None if input_scale is None else input_scale.item(),
-                            module.bias)
+                            module.bias, key=input_key(name))
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, linear)
-    return _logprobs(model, prompt)
+    return model
 
 
 @torch.no_grad()
@@ -207,9 +300,7 @@ def _dserve_logprobs(dserve_bin, model_dir, prompt, tmp_path, *extra):
     return [r["logprob"] for r in rows]
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.xfail(reason=c["xfail"], strict=True)) if "xfail" in c else c
-    for c in CASES], ids=[c["name"] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_against_torch_reference(case, dserve_bin, tmp_path):
     float_dir, w8a8_dir = _fixture(case)
     config = json.loads((w8a8_dir / "config.json").read_text())
@@ -221,19 +312,13 @@ def test_against_torch_reference(case, dserve_bin, tmp_path):
     assert ("model.layers.0.self_attn.q_proj.input_scale" in tensors) == case["static"]
 
     prompt = _prompt(case)
-    want = _reference_logprobs(case, w8a8_dir, prompt)
+    reference = reference_with_ties(_reference_model(case, w8a8_dir), prompt)
     runs = {}
     for extra in ([], ["--quantization", "compressed-tensors"], ["--isa", "scalar"]):
         got = _dserve_logprobs(dserve_bin, w8a8_dir, prompt, tmp_path, *extra)
         runs[" ".join(extra)] = got
-        diffs = [abs(a - b) for a, b in zip(got, want)]
-        # Rounding activations to int8 is discontinuous: where x / d sits within FP32
-        # noise of a half step, torch and dserve (same formula, different summation
-        # order upstream) may round apart, and that one token's log-prob moves by up to
-        # ~1e-2 in these deliberately sensitive tiny models. Everywhere else: 1e-3.
-        close = sum(d < 1e-3 for d in diffs)
-        assert close >= 0.9 * len(diffs), f"{extra}: only {close}/{len(diffs)} within 1e-3: {diffs}"
-        assert max(diffs) < 0.05, f"{extra}: max |log-prob difference| {max(diffs):.2e}"
+        # Within 1e-3 everywhere, up to activations on a rounding tie (Rounding).
+        assert_agrees_up_to_ties(got, reference, " ".join(extra) or "default")
     # Every instruction-set level gives the same int8 products (kernels.h).
     assert max(abs(a - b) for a, b in zip(runs[""], runs["--isa scalar"])) < 1e-5
 

@@ -29,13 +29,16 @@ ActFormat act_format_for(DType weight) {
     case DType::kF8_E4M3:  // converted at load (model/fp8_weights.h); no kernel
     case DType::kQ5_0:     // converted at load (tensor/requantize.h); no kernel
     case DType::kQ5_1:
+    case DType::kI32:      // checkpoint metadata (loader/ascend_quant.h); no kernel
+    case DType::kI64:
       break;
   }
   DS_CHECK_MSG(false, "bad dtype %d", static_cast<int>(weight));
   return ActFormat::kF32;
 }
 
-void quantize_q8_token(const float* x, int64_t k, float static_scale, uint8_t* out) {
+void quantize_q8_token(const float* x, int64_t k, float static_scale, uint8_t* out,
+                       int static_offset) {
   int8_t* qs = reinterpret_cast<int8_t*>(out);
   float d = static_scale;
   float lo = -127.0f;
@@ -46,8 +49,9 @@ void quantize_q8_token(const float* x, int64_t k, float static_scale, uint8_t* o
     lo = -128.0f;  // never reached: |x * (1 / d)| rounds to at most 127
   }
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const auto offset = static_cast<float>(static_offset);  // 0 for per token
   for (int64_t i = 0; i < k; ++i) {
-    qs[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * id), lo, 127.0f));
+    qs[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * id) + offset, lo, 127.0f));
   }
   std::memcpy(out + round_up(k, kActAlign), &d, 4);
 }

@@ -89,8 +89,11 @@ static inline Q8TokenRow q8token_row(const uint8_t* p, int64_t k) {
 // static_scale and q = that rounding clamped to [-127, 127]: -128 is left out so that
 // the x86 kernels can move a weight's sign onto the activation (vpsignb) without
 // overflow; it only matters for values past the calibrated range. One plain C++
-// definition for every level, so the levels cannot differ in it.
-void quantize_q8_token(const float* x, int64_t k, float static_scale, uint8_t* out);
+// definition for every level, so the levels cannot differ in it. static_offset: the
+// static activations' zero point (msModelSlim's input_offset), added before the clamp:
+// q = clamp(round(x * (1 / d)) + static_offset, -127, 127).
+void quantize_q8_token(const float* x, int64_t k, float static_scale, uint8_t* out,
+                       int static_offset = 0);
 
 // W8A8: y[t * y_stride + r] = float(sum_j q_w[r][j] q_x[t][j]) * (w_scales[r] * d_x[t])
 // for r < n_rows, t < n_tokens: an exact int32 dot, scaled once. w rows w_stride

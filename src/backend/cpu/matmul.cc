@@ -66,6 +66,7 @@ struct GroupInput {
   bool need_tiles = false;
   bool need_rows[kNumActFormats] = {};
   float i8_input_scale = 0.0f;  // kQ8Token rows: the static scale, 0 for per token
+  int i8_input_offset = 0;      // and the static zero point
   int64_t tiles_at = 0;
   int64_t rows_at[kNumActFormats] = {};
   int64_t row_bytes[kNumActFormats] = {};
@@ -74,13 +75,13 @@ struct GroupInput {
 // True if some group has I8 weights whose activations need different static scales.
 bool mixed_i8_scales(const MatmulGroup* groups, int n_groups) {
   for (int g = 0; g < n_groups; ++g) {
-    const float* first = nullptr;
+    const TensorView* first = nullptr;
     for (int i = 0; i < groups[g].n_targets; ++i) {
       const TensorView& w = *groups[g].targets[i].w;
       if (w.dtype != DType::kI8) continue;
       if (first == nullptr) {
-        first = &w.input_scale;
-      } else if (w.input_scale != *first) {
+        first = &w;
+      } else if (w.input_scale != first->input_scale || w.input_offset != first->input_offset) {
         return true;
       }
     }
@@ -194,6 +195,7 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       if (is_i8) {
         DS_CHECK_MSG(w.row_scales != nullptr, "matmul: an i8 weight without row scales");
         in.i8_input_scale = w.input_scale;
+        in.i8_input_offset = w.input_offset;
       }
       // I8's packed kernel serves every token count (no separate batched kernel).
       plan.packed = (batched_ok || is_i8) && kernels_.matmul_packed[type] != nullptr
@@ -246,7 +248,7 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       }
       if (in.need_rows[3]) {
         quantize_q8_token(xt, in.k, in.i8_input_scale,
-                          quantised[3] + in.rows_at[3] + t * in.row_bytes[3]);
+                          quantised[3] + in.rows_at[3] + t * in.row_bytes[3], in.i8_input_offset);
       }
     }
   };
@@ -390,9 +392,15 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     }
   });
 
-  // 4. Biases.
+  // 4. Biases: I8 weights' own (TensorView::row_bias), then the layer's.
   for (int i = 0; i < n_plans; ++i) {
     const MatmulTarget& target = groups[plans[i].group].targets[plans[i].target];
+    if (target.w->dtype == DType::kI8 && target.w->row_bias != nullptr) {
+      const int64_t n = target.w->shape[0];
+      for (int64_t t = 0; t < groups[plans[i].group].n_tokens; ++t) {
+        kernels_.add_f32(target.y + t * n, target.w->row_bias, n);
+      }
+    }
     if (target.bias == nullptr) continue;
     const int64_t n = target.w->shape[0];
     DS_CHECK(target.bias->n_elements() == n);

@@ -1,0 +1,176 @@
+"""W8A8 (compressed-tensors int-quantized) DeepSeek-V3 and DeepSeek-V2 checkpoints made
+by llmcompressor, served by dserve, against a torch reference written here.
+
+The tiny random DeepSeek models are test_deepseek_reference.py's (MLA with and without
+q_lora_rank, YaRN, the first layer dense and the rest DeepSeekMoE with 16 routed
+experts). llmcompressor loads each with its MoE experts linearised
+(load_quantizable_moe: one nn.Linear per expert projection, so that every expert is
+calibrated and quantised) and quantises it one-shot with its "W8A8" preset: int8
+weights with per-channel scales, activations quantised per token at run time. It
+leaves lm_head and the router gates (mlp.gate) in float, as its DeepSeek examples
+do; the checkpoint stores experts one by one (experts.N.gate_proj.weight, ...).
+
+The reference reads the saved checkpoint: the float model (experts linearised the
+same way) with every int8 weight dequantised (q * weight_scale), and each quantised
+linear layer's input quantised per token (d = max|x| / 127, q = round-half-even(x / d))
+before the int8 product, as test_w8a8_reference.py's reference does (and, as there,
+activations that sit on a rounding tie may be rounded the other way to match). One exception,
+as in vLLM: MLA's kv_b_proj is dequantised once at load and multiplied in float (its
+weight is split and absorbed into the query and output paths, vLLM's MLA does the
+same), so its input is not quantised. dserve runs the expanded (one batch) and the
+weight-absorbed (token by token) forms of MLA; both must agree with the reference
+within 1e-3 and stay within the quantisation's expected error of the float model.
+"""
+import json
+import shutil
+
+import pytest
+
+from conftest import cache_dir, content_key, run
+
+import torch
+import transformers
+
+llmcompressor = pytest.importorskip("llmcompressor")
+import safetensors.torch  # noqa: E402
+
+import test_deepseek_reference as ds  # noqa: E402
+import test_w8a8_reference as w8a8  # noqa: E402
+
+FIXTURE_VERSION = 1
+PROMPT_LEN = 48
+# The layers dserve (as vLLM's MLA) multiplies in float after dequantising the weight.
+FLOAT_ACTIVATION_LAYERS = ("kv_b_proj",)
+
+CASES = ["v3-qlora-yarn", "v2-grouped"]
+
+
+def _tokenizer():
+    """A word-level tokenizer over the ids: llmcompressor wants a processor to save."""
+    from tokenizers import Tokenizer, models
+    vocab = {str(i): i for i in range(ds.VOCAB)}
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")))
+
+
+def _load_linearised(model_dir):
+    """The model with its MoE experts as one nn.Linear per projection (llmcompressor's)."""
+    from llmcompressor.modeling.moe.linearize import load_quantizable_moe
+    with load_quantizable_moe():
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model.eval()
+
+
+def _quantise(float_dir, out_dir, seed):
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    g = torch.Generator().manual_seed(2000 + seed)
+    ids = torch.randint(0, ds.VOCAB, (16, 64), generator=g)
+    data = Dataset.from_dict({"input_ids": ids.tolist(),
+                              "attention_mask": torch.ones_like(ids).tolist()})
+    model = _load_linearised(float_dir)
+    recipe = QuantizationModifier(targets="Linear", scheme="W8A8",
+                                  ignore=["lm_head", "re:.*mlp.gate$"])
+    oneshot(model=model, dataset=data, recipe=recipe, processor=_tokenizer(),
+            num_calibration_samples=16, max_seq_length=64)
+    model.save_pretrained(out_dir, save_compressed=True)
+
+
+def fixture(name):
+    """(float dir, W8A8 dir) for a test_deepseek_reference case, built once and cached."""
+    case = ds._case(name)
+    key = content_key(case, FIXTURE_VERSION, ds.VOCAB, transformers.__version__,
+                      torch.__version__, llmcompressor.__version__)
+    d = cache_dir() / f"w8a8-deepseek-{name}-{key}"
+    if not (d / "done").exists():
+        tmp = d.with_name(d.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        ds._build_model(case).save_pretrained(tmp / "float")
+        _tokenizer().save_pretrained(tmp / "float")
+        _quantise(tmp / "float", tmp / "w8a8", case["seed"])
+        (tmp / "done").write_text("")
+        shutil.rmtree(d, ignore_errors=True)
+        tmp.rename(d)
+    return d / "float", d / "w8a8"
+
+
+def prompt(name):
+    g = torch.Generator().manual_seed(1000 + ds._case(name)["seed"])
+    return torch.randint(0, ds.VOCAB, (PROMPT_LEN,), generator=g).tolist()
+
+
+@torch.no_grad()
+def _reference_model(float_dir, w8a8_dir):
+    tensors = safetensors.torch.load_file(str(w8a8_dir / "model.safetensors"))
+    model = _load_linearised(float_dir)  # the architecture; every weight replaced below
+    state = {k: v for k, v in tensors.items() if not k.endswith("_scale")}
+    for name, t in list(state.items()):
+        if t.dtype == torch.int8:
+            state[name] = t.float() * tensors[name + "_scale"].float()
+    model.load_state_dict(state, strict=True)
+    n_int8 = 0
+    for name, module in list(model.named_modules()):
+        w = tensors.get(name + ".weight")
+        if not isinstance(module, torch.nn.Linear) or w is None or w.dtype != torch.int8:
+            continue
+        if name.endswith(FLOAT_ACTIVATION_LAYERS):
+            continue  # dequantised above, multiplied in float
+        n_int8 += 1
+        linear = w8a8.W8A8Linear(w, tensors[name + ".weight_scale"], None, module.bias,
+                                 key=w8a8.input_key(name))
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, linear)
+    assert n_int8 > 40  # attention, shared and routed experts of every layer
+    return model
+
+
+def dserve_logprobs(dserve_bin, model_dir, ids, tmp_path, *extra):
+    path = tmp_path / "ids.txt"
+    path.write_text(",".join(map(str, ids)))
+    out = tmp_path / "logprobs.json"
+    run([dserve_bin, "perplexity", "--model", model_dir, "--token-ids", path,
+         "--logprobs-out", out, "--threads", 2, *extra])
+    rows = json.loads(out.read_text())["scored"]
+    assert [r["position"] for r in rows] == list(range(1, len(ids)))
+    return [r["logprob"] for r in rows]
+
+
+def assert_near_float_model(got, float_dir, ids):
+    """Within the quantisation's error of the float model, and really quantised. (Loaded
+    linearised as well: once load_quantizable_moe has run, llmcompressor's checkpoint
+    conversion mapping for deepseek_v3 stays registered in transformers, and a plain
+    from_pretrained in the same process then leaves the experts randomly initialised.)"""
+    unquantised = w8a8._logprobs(_load_linearised(float_dir), ids)
+    diffs = [abs(a - b) for a, b in zip(got, unquantised)]
+    mean = sum(diffs) / len(diffs)
+    # Looser than the dense models' (0.5, 0.08): int8 noise that moves a token's router
+    # scores past another expert's changes which experts run, and that token's
+    # log-prob by up to ~1 in these tiny random MoE models.
+    assert max(diffs) < 2.0 and mean < 0.25, (max(diffs), mean)
+    assert mean > 1e-3
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_against_torch_reference(name, dserve_bin, tmp_path):
+    float_dir, w8a8_dir = fixture(name)
+    q = json.loads((w8a8_dir / "config.json").read_text())["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "int-quantized"
+    tensors = safetensors.torch.load_file(str(w8a8_dir / "model.safetensors"))
+    for t in ("model.layers.1.mlp.experts.3.down_proj.weight",
+              "model.layers.1.mlp.shared_experts.up_proj.weight",
+              "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+              "model.layers.0.mlp.gate_proj.weight"):
+        assert tensors[t].dtype == torch.int8, t
+    assert tensors["model.layers.1.mlp.gate.weight"].dtype == torch.float32  # router: float
+    assert tensors["lm_head.weight"].dtype == torch.float32
+
+    ids = prompt(name)
+    reference = w8a8.reference_with_ties(_reference_model(float_dir, w8a8_dir), ids)
+    expanded = dserve_logprobs(dserve_bin, w8a8_dir, ids, tmp_path, "--batch", 512)
+    absorbed = dserve_logprobs(dserve_bin, w8a8_dir, ids, tmp_path, "--batch", 1,
+                               "--quantization", "compressed-tensors")
+    # Within 1e-3 everywhere, up to activations on a rounding tie (w8a8.Rounding).
+    w8a8.assert_agrees_up_to_ties(expanded, reference, "expanded MLA")
+    w8a8.assert_agrees_up_to_ties(absorbed, reference, "absorbed MLA")
+    assert_near_float_model(expanded, float_dir, ids)
