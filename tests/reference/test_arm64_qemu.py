@@ -113,11 +113,10 @@ def test_w8a8_against_torch_reference(core, level, arm64_bin, tmp_path):
     case = next(c for c in w8a8.CASES if c["name"] == "llama-dynamic")
     _, w8a8_dir = w8a8._fixture(case)
     prompt = w8a8._prompt(case)
-    want = w8a8._reference_logprobs(case, w8a8_dir, prompt)
+    reference = w8a8.reference_with_ties(w8a8._reference_model(case, w8a8_dir), prompt)
     got = _logprobs(lambda args: qemu_run(core, args), arm64_bin, w8a8_dir, prompt, tmp_path)
-    diffs = [abs(a - b) for a, b in zip(got, want)]
-    assert sum(d < 1e-3 for d in diffs) >= 0.9 * len(diffs), diffs
-    assert max(diffs) < 0.05, diffs
+    # Within 1e-3 everywhere, up to activations on a rounding tie (test_w8a8_reference).
+    w8a8.assert_agrees_up_to_ties(got, reference, core)
 
 
 def test_default_model_greedy_equals_x86(reference, arm64_bin, dserve_bin, default_model):  # noqa: F811
