@@ -276,7 +276,10 @@ int run_serve(ServeOptions o) {
     dc.observer = [&metrics](int rank) { return metrics.engine(rank); };
     Result<std::unique_ptr<DpEngineClient>> dp = DpEngineClient::create(dc, std::move(local));
     if (!dp.ok()) return report_error(dp.status());
-    if (Status s = (*dp)->wait_for_engines(); !s.ok()) return report_error(s);
+    if (Status s = (*dp)->wait_for_engines(); !s.ok()) {
+      (*dp)->set_shutdown_error(s.message());
+      return report_error(s);
+    }
     client = std::move(dp).value();
   }
   chat::ChatTemplateSource template_source;

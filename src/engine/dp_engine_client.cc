@@ -129,6 +129,11 @@ Status DpEngineClient::wait_for_engines() {
                            fmt::format("{}", config_.startup_timeout_s) + " s");
 }
 
+void DpEngineClient::set_shutdown_error(std::string error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_error_ = std::move(error);
+}
+
 int DpEngineClient::pick_engine() {
   const int n = config_.data_parallel_size;
   int best = -1;
@@ -457,7 +462,7 @@ void DpEngineClient::run() {
       }
       if (stopping) {
         for (auto& [identity, node] : nodes_) {
-          if (!node->dead) outbox.emplace_back(identity, msg::encode(msg::Reject{"the API server shut down"}));
+          if (!node->dead) outbox.emplace_back(identity, msg::encode(msg::Shutdown{shutdown_error_}));
         }
       }
     }

@@ -60,6 +60,9 @@ class DpEngineClient : public EngineClient {
   // whose flags disagree or whose ranks overlap (naming the node and the flag or
   // rank), or the timeout (naming the ranks that never arrived).
   Status wait_for_engines();
+  // The error the API server stops with, told to the headless nodes when this client is
+  // destroyed (so they exit with it too); without one they are told of a normal end.
+  void set_shutdown_error(std::string error);
 
   Result<std::vector<RequestId>> add_request(std::vector<int32_t> prompt,
                                              const SamplingOptions& options,
@@ -105,6 +108,7 @@ class DpEngineClient : public EngineClient {
   std::map<int64_t, PendingAdd> adds_;                  // GUARDED_BY(mu_): by ticket
   std::vector<std::pair<std::string, std::string>> outbox_;  // GUARDED_BY(mu_)
   std::string startup_error_;                           // GUARDED_BY(mu_)
+  std::string shutdown_error_;                          // GUARDED_BY(mu_)
   int64_t next_ticket_ = 0;                             // GUARDED_BY(mu_)
   uint64_t turn_ = 0;                                   // GUARDED_BY(mu_): tie-breaking
   bool accepting_ = true;                               // GUARDED_BY(mu_)

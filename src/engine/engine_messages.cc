@@ -315,6 +315,7 @@ struct Encoder {
             {"finish_reason", m.finish_reason}};
   }
   json operator()(const Ping&) const { return {{"type", "ping"}}; }
+  json operator()(const Shutdown& m) const { return {{"type", "shutdown"}, {"error", m.error}}; }
 };
 
 Message decode_object(const json& j) {
@@ -365,6 +366,7 @@ Message decode_object(const json& j) {
     return m;
   }
   if (type == "ping") return Ping{};
+  if (type == "shutdown") return Shutdown{string_at(j, "error")};
   throw BadField{"unknown message type \"" + type + "\""};
 }
 

@@ -9,6 +9,7 @@
 //                    event    an EngineObserver call (tokens, timings, finish) for metrics
 //                    ping     liveness, when nothing else was sent for a while
 //   head -> engine   welcome / reject   the answer to hello (reject says why)
+//                    shutdown the API server stops (with the error, when it failed)
 //                    add      a request for one engine, with its ticket
 //                    abort    cancel one sequence of one engine
 //                    ping     liveness
@@ -95,9 +96,12 @@ struct Event {
   std::string finish_reason;       // kFinished
 };
 struct Ping {};
+struct Shutdown {
+  std::string error;  // empty: a normal shutdown
+};
 
-using Message =
-    std::variant<Hello, Welcome, Reject, Add, Added, Abort, Output, Stats, Event, Ping>;
+using Message = std::variant<Hello, Welcome, Reject, Add, Added, Abort, Output, Stats, Event,
+                             Ping, Shutdown>;
 
 std::string encode(const Message& m);
 Result<Message> decode(std::string_view bytes);

@@ -191,10 +191,14 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
         welcomed = true;
         DS_LOG_INFO("data parallel: connected to the API server at {}", endpoint);
       } else if (auto* r = std::get_if<msg::Reject>(&*m)) {
-        if (welcomed) {
-          DS_LOG_INFO("data parallel: {}; exiting", r->error);
+        result = invalid_argument("the API server at " + endpoint + " refused this node: " + r->error);
+        leave = true;
+        break;
+      } else if (auto* sd = std::get_if<msg::Shutdown>(&*m)) {
+        if (sd->error.empty()) {
+          DS_LOG_INFO("data parallel: the API server shut down; exiting");
         } else {
-          result = invalid_argument("the API server at " + endpoint + " refused this node: " + r->error);
+          result = internal_error("data parallel: the API server stopped with an error: " + sd->error);
         }
         leave = true;
         break;

@@ -6,8 +6,8 @@
 // events out (engine/engine_messages.h). ZeroMQ reconnects on its own, so either node
 // may start first.
 //
-// run() returns Ok when the API server shuts down (it says so), and an error when it is
-// refused (disagreeing flags, overlapping ranks), when no answer came within the
+// run() returns Ok when the API server shuts down normally (it says so), and an error
+// when the API server stopped with one, when this node is refused (disagreeing flags, overlapping ranks), when no answer came within the
 // start-up timeout, or when the API server went silent for kLivenessSeconds (it died):
 // the process then exits rather than lingering as an orphan.
 //

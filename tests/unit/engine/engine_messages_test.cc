@@ -146,6 +146,8 @@ TEST(EngineMessages, TheRestRoundTrip) {
   EXPECT_EQ(f.seconds, 0.25);
   EXPECT_EQ(f.finish_reason, "stop");
   EXPECT_EQ(round_trip(Reject{"no"}).error, "no");
+  EXPECT_EQ(round_trip(Shutdown{"rank 2 never came"}).error, "rank 2 never came");
+  EXPECT_EQ(round_trip(Shutdown{}).error, "");
   round_trip(Welcome{});
   round_trip(Ping{});
 }
