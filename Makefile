@@ -165,7 +165,7 @@ test-asan:
 	  ctest --output-on-failure -L sanitize -j $(JOBS)
 
 test-tsan:
-	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L tsan -j $(JOBS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan_suppressions.txt" ctest --output-on-failure -L tsan -j $(JOBS)
 
 # The aarch64 C++ tests under qemu (tools/qemu_arm64.sh): every test as a Kunpeng-class
 # core (neoverse-n1: dotprod, no SVE/i8mm/BF16), the backend-op tests again as an

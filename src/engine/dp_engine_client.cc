@@ -70,6 +70,9 @@ Status DpEngineClient::bind() {
   socket_ = std::make_unique<Socket>();
   try {
     socket_->router.set(zmq::sockopt::linger, 200);
+    // No high-water mark: a message over it would be dropped (sends never block here).
+    socket_->router.set(zmq::sockopt::sndhwm, 0);
+    socket_->router.set(zmq::sockopt::rcvhwm, 0);
     socket_->router.bind("tcp://*:" + std::to_string(config_.rpc_port));
   } catch (const zmq::error_t& e) {
     return io_error("--data-parallel-rpc-port " + std::to_string(config_.rpc_port) +

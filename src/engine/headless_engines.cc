@@ -97,6 +97,9 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
   zmq::socket_t dealer(context, zmq::socket_type::dealer);
   try {
     dealer.set(zmq::sockopt::linger, 200);
+    // No high-water mark: an output delta over it would be lost (sends never block).
+    dealer.set(zmq::sockopt::sndhwm, 0);
+    dealer.set(zmq::sockopt::rcvhwm, 0);
     dealer.set(zmq::sockopt::reconnect_ivl, 100);
     dealer.connect(endpoint);
   } catch (const zmq::error_t& e) {
