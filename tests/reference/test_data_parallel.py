@@ -207,6 +207,26 @@ def test_two_nodes_serve_like_one(order, dserve_bin, model_dir, single, tmp_path
         assert all(p.reap() for p in procs), "a process was left running"
 
 
+def test_two_engines_in_one_process(dserve_bin, model_dir, single, tmp_path):
+    """--data-parallel-size 2 on one node: two engines behind one API server."""
+    port = free_port()
+    flags = source_flags(free_port())
+    i = flags.index("--data-parallel-size-local")
+    del flags[i:i + 2]  # default: all engines here
+    p = Proc([dserve_bin, "serve", model_dir, "--host", "127.0.0.1", "--port", port, *flags],
+             tmp_path / "one-node.log")
+    try:
+        wait_healthy(p, port)
+        got = complete_all(port, PROMPTS)
+        assert [g["text"] for g in got] == [w["text"] for w in single]
+        ok = per_engine(metrics(port), "vllm:request_success", finished_reason="length")
+        assert ok["0"] > 0 and ok["1"] > 0 and ok["0"] + ok["1"] == len(PROMPTS), ok
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        assert p.reap()
+
+
 def test_killed_headless_node_and_then_the_head(dserve_bin, model_dir, tmp_path):
     import openai
     port, rpc = free_port(), free_port()
