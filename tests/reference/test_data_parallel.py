@@ -310,6 +310,14 @@ def test_missing_rank_is_named(dserve_bin, model_dir, tmp_path):
         node.reap()
 
 
+def test_headless_node_without_an_api_server(dserve_bin, model_dir, tmp_path):
+    node = headless(dserve_bin, model_dir, free_port(), tmp_path, timeout=2)
+    try:
+        expect_failure(node, "no answer from the API server at tcp://127.0.0.1:")
+    finally:
+        node.reap()
+
+
 @pytest.mark.parametrize("what,flags,start_rank,message", [
     ("block size", {"block_size": 16}, 1, "--block-size 128 vs 16"),
     ("model", {}, 1, "--model "),
