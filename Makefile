@@ -24,7 +24,8 @@ PROMPT ?= The three most useful things to know about the ocean are
 
 APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev libssl-dev \
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
-	libcpp-httplib-dev libcurl4-openssl-dev libgloo-dev libnuma-dev ccache
+	libcpp-httplib-dev libcurl4-openssl-dev libgloo-dev libnuma-dev ccache \
+	libzmq3-dev cppzmq-dev
 
 # Every build goes through ccache, its store in the cache outside the repository: it is
 # keyed by the preprocessed source and flags (not by paths: BASEDIR/NOHASHDIR), so a
@@ -98,7 +99,7 @@ build-tsan: deps
 ARM64_TOOL_PACKAGES := g++-aarch64-linux-gnu qemu-user
 ARM64_LIB_PACKAGES := libspdlog-dev:arm64 libfmt-dev:arm64 libonig5:arm64 libicu-dev:arm64 \
 	libgtest-dev:arm64 libgmock-dev:arm64 libcpp-httplib-dev:arm64 libcurl4-openssl-dev:arm64 \
-	libssl-dev:arm64 libnuma-dev:arm64 libhiredis0.14:arm64 libibverbs1:arm64
+	libssl-dev:arm64 libnuma-dev:arm64 libhiredis0.14:arm64 libibverbs1:arm64 libzmq3-dev:arm64
 ARM64_ONIG := $(DSERVE_CACHE)/arm64/libonig-dev
 # gloo installs into /usr/lib and /usr/share/cmake, not per architecture, so its arm64
 # packages cannot sit beside the amd64 ones either: unpacked into the cache, with the
@@ -164,7 +165,7 @@ test-asan:
 	  ctest --output-on-failure -L sanitize -j $(JOBS)
 
 test-tsan:
-	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L tsan -j $(JOBS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan_suppressions.txt" ctest --output-on-failure -L tsan -j $(JOBS)
 
 # The aarch64 C++ tests under qemu (tools/qemu_arm64.sh): every test as a Kunpeng-class
 # core (neoverse-n1: dotprod, no SVE/i8mm/BF16), the backend-op tests again as an

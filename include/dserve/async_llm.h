@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dserve/engine_client.h"
 #include "dserve/llm.h"
 
 namespace dserve {
@@ -50,6 +52,10 @@ struct OutputDelta {
 // requests (the n choices of one HTTP request) may share a queue.
 class OutputQueue {
  public:
+  OutputQueue() = default;
+  // `on_push` runs after every push (outside the lock), e.g. to wake a poller that
+  // forwards the deltas elsewhere; it must be thread-safe.
+  explicit OutputQueue(std::function<void()> on_push) : on_push_(std::move(on_push)) {}
   // Everything queued so far; waits up to `timeout` when empty. Empty on timeout.
   std::vector<OutputDelta> pop(std::chrono::milliseconds timeout);
   void push(OutputDelta delta);
@@ -58,6 +64,7 @@ class OutputQueue {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<OutputDelta> items_;  // GUARDED_BY(mu_)
+  const std::function<void()> on_push_;
 };
 
 // Engine events for metrics; called on the engine thread.
@@ -76,7 +83,7 @@ class EngineObserver {
                            int n_generated_tokens, double seconds_since_arrival) {}
 };
 
-class AsyncLlm {
+class AsyncLlm : public EngineClient {
  public:
   // Takes the loaded LLM and starts the engine thread. `observer` may be null and
   // must outlive the AsyncLlm.
@@ -94,25 +101,27 @@ class AsyncLlm {
   // index + j.
   Result<std::vector<RequestId>> add_request(std::vector<int32_t> prompt,
                                              const SamplingOptions& options,
-                                             std::shared_ptr<OutputQueue> queue, int index);
+                                             std::shared_ptr<OutputQueue> queue,
+                                             int index) override;
   // Cancels a request (no-op if it already finished); its blocks are freed by the
   // engine thread before its next step, and its queue gets finish_reason "abort".
-  void abort(RequestId id);
+  void abort(RequestId id) override;
 
   // Refuses new requests from now on (add_request fails with ResourceExhausted).
-  void stop_accepting();
+  void stop_accepting() override;
   // False once an engine step failed (a tensor-parallel rank died, say): the engine
   // serves no more requests and /health reports 503.
-  bool healthy() const;
+  bool healthy() const override;
   // Waits until no request is unfinished, or `timeout`; true when idle.
-  bool wait_idle(std::chrono::milliseconds timeout);
+  bool wait_idle(std::chrono::milliseconds timeout) override;
   // Aborts every unfinished request.
-  void abort_all();
+  void abort_all() override;
+  int64_t load() const override;
 
   EngineStats stats() const;
-  const Tokenizer* tokenizer() const { return llm_->tokenizer(); }
-  int max_model_len() const { return max_model_len_; }
-  int64_t vocab_size() const { return llm_->vocab_size(); }
+  const Tokenizer* tokenizer() const override { return llm_->tokenizer(); }
+  int max_model_len() const override { return max_model_len_; }
+  int64_t vocab_size() const override { return llm_->vocab_size(); }
 
  private:
   struct Pending;

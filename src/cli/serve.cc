@@ -16,6 +16,8 @@
 #include "chat/chat_template.h"
 #include "chat/chat_template_source.h"
 #include "dserve/async_llm.h"
+#include "engine/dp_engine_client.h"
+#include "engine/headless_engines.h"
 #include "server/audit_log.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
@@ -83,8 +85,7 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   add_tensor_parallel_options(cmd, &o->tp);
   cmd->add_option("--pipeline-parallel-size", o->pipeline_parallel_size,
                   "pipeline-parallel ranks (only 1 so far)")->capture_default_str();
-  cmd->add_option("--data-parallel-size", o->data_parallel_size,
-                  "data-parallel ranks (only 1 so far)")->capture_default_str();
+  add_data_parallel_options(cmd, &o->dp);
   cmd->add_option("--threads", o->common.n_threads, "worker threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--audit-log", o->audit_log,
@@ -108,7 +109,6 @@ Status check_unbuilt(const ServeOptions& o) {
     return unimplemented(what + " is not built yet; run with the default");
   };
   if (o.pipeline_parallel_size != 1) return unbuilt("--pipeline-parallel-size " + std::to_string(o.pipeline_parallel_size));
-  if (o.data_parallel_size != 1) return unbuilt("--data-parallel-size " + std::to_string(o.data_parallel_size));
   if (o.dtype != "auto" && o.dtype != "float32" && o.dtype != "float") {
     return unimplemented("--dtype " + o.dtype +
                          ": the CPU backend computes in float32 (weights stay as stored); use "
@@ -156,6 +156,39 @@ Result<std::unique_ptr<chat::ChatTemplate>> load_chat_template(const ServeOption
   return t;
 }
 
+// `--headless`: this node's engines, serving the API server's node over ZeroMQ until
+// it goes away; SIGTERM/SIGINT end them.
+int run_headless(const ServeOptions& o, const std::string& model_path, const LlmOptions& lo,
+                 const engine_msg::NodeConfig& node, sigset_t signals) {
+  HeadlessConfig hc;
+  hc.head_address = o.dp.address;
+  hc.rpc_port = o.dp.rpc_port;
+  hc.start_rank = o.dp.start_rank;
+  hc.n_engines = o.dp.size_local;
+  hc.node = node;
+  hc.startup_timeout_s = o.tp.timeout_s;
+  HeadlessEngines headless(hc);
+  std::vector<std::unique_ptr<AsyncLlm>> engines;
+  for (int i = 0; i < o.dp.size_local; ++i) {
+    Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
+    if (!llm.ok()) return report_error(llm.status());
+    Result<std::unique_ptr<AsyncLlm>> async = AsyncLlm::create(std::move(llm).value(), headless.observer(i));
+    if (!async.ok()) return report_error(async.status());
+    engines.push_back(std::move(async).value());
+  }
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    headless.stop();
+  });
+  Status s = headless.run(std::move(engines));
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  if (!s.ok()) return report_error(s);
+  DS_LOG_INFO("shut down");
+  return 0;
+}
+
 }  // namespace
 
 int run_serve(ServeOptions o) {
@@ -171,6 +204,8 @@ int run_serve(ServeOptions o) {
   }
   if (!set_log_format(o.log_format)) return report_error(invalid_argument("--log-format " + o.log_format));
   if (Status s = check_unbuilt(o); !s.ok()) return report_error(s);
+  o.dp.enable_expert_parallel = o.tp.expert_parallel;
+  if (Status s = validate_data_parallel(&o.dp, o.tp.size); !s.ok()) return report_error(s);
   std::unique_ptr<server::AuditLog> audit_log;
   if (!o.audit_log.empty()) {
     Result<std::unique_ptr<server::AuditLog>> a = server::AuditLog::open(o.audit_log);
@@ -210,16 +245,49 @@ int run_serve(ServeOptions o) {
                                  "serve model=" + model_path + " ctx=" + std::to_string(context));
     };
   }
-  Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
-  if (!llm.ok()) return report_error(llm.status());
+  engine_msg::NodeConfig node;
+  node.model = model_path;
+  node.data_parallel_size = o.dp.size;
+  node.tensor_parallel_size = o.tp.size;
+  node.enable_expert_parallel = o.dp.enable_expert_parallel;
+  node.block_size = o.block_size;
+  node.dtype = o.dtype;
+  node.max_model_len = o.max_model_len;
+  if (o.dp.headless) return run_headless(o, model_path, lo, node, signals);
+
+  // This node's engines: data-parallel ranks 0..size_local-1.
+  server::ServerMetrics metrics(o.served_model_name.front(), o.dp.size);
+  std::vector<std::unique_ptr<AsyncLlm>> local;
+  for (int i = 0; i < o.dp.size_local; ++i) {
+    Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
+    if (!llm.ok()) return report_error(llm.status());
+    Result<std::unique_ptr<AsyncLlm>> async = AsyncLlm::create(std::move(llm).value(), metrics.engine(i));
+    if (!async.ok()) return report_error(async.status());
+    local.push_back(std::move(async).value());
+  }
+  std::unique_ptr<EngineClient> client;
+  if (o.dp.size == 1) {
+    client = std::move(local.front());
+  } else {
+    DpEngineClientConfig dc;
+    dc.data_parallel_size = o.dp.size;
+    dc.rpc_port = o.dp.rpc_port;
+    dc.node = node;
+    dc.startup_timeout_s = o.tp.timeout_s;
+    dc.observer = [&metrics](int rank) { return metrics.engine(rank); };
+    Result<std::unique_ptr<DpEngineClient>> dp = DpEngineClient::create(dc, std::move(local));
+    if (!dp.ok()) return report_error(dp.status());
+    if (Status s = (*dp)->wait_for_engines(); !s.ok()) {
+      (*dp)->set_shutdown_error(s.message());
+      return report_error(s);
+    }
+    client = std::move(dp).value();
+  }
   chat::ChatTemplateSource template_source;
   Result<std::unique_ptr<chat::ChatTemplate>> tmpl =
       load_chat_template(o, model_path, &template_source);
   if (!tmpl.ok()) return report_error(tmpl.status());
 
-  server::ServerMetrics metrics(o.served_model_name.front());
-  Result<std::unique_ptr<AsyncLlm>> async = AsyncLlm::create(std::move(llm).value(), &metrics);
-  if (!async.ok()) return report_error(async.status());
   server::ServingConfig sc;
   sc.served_model_names = o.served_model_name;
   sc.model_path = model_path;
@@ -234,7 +302,7 @@ int run_serve(ServeOptions o) {
       return chat_template->render(messages, add_generation_prompt, kwargs);
     };
   }
-  server::OpenAiServing serving(**async, std::move(render_chat), sc);
+  server::OpenAiServing serving(*client, std::move(render_chat), sc);
   server::HttpServerConfig hc;
   hc.host = o.host;
   hc.port = o.port;
@@ -244,7 +312,7 @@ int run_serve(ServeOptions o) {
   hc.audit_log = audit_log.get();
   server::HttpServer http(hc, serving, metrics);
 
-  AsyncLlm& engine = **async;
+  EngineClient& engine = *client;
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/cli_common.h"
+#include "cli/data_parallel.h"
 #include "cli/tensor_parallel.h"
 
 namespace dserve::cli {
@@ -20,6 +21,7 @@ namespace dserve::cli {
 struct ServeOptions {
   CommonOptions common;
   TensorParallelOptions tp;
+  DataParallelOptions dp;
   std::string host = "0.0.0.0";
   int port = 8000;
   std::string api_key;  // also $DSERVE_API_KEY
@@ -44,7 +46,6 @@ struct ServeOptions {
   size_t max_body_bytes = size_t{32} << 20;
   // Capabilities not built yet: any value but the default fails with a clear message.
   int pipeline_parallel_size = 1;
-  int data_parallel_size = 1;
 };
 
 // Registers `serve` and its flags on `app`.

@@ -30,6 +30,7 @@ void OutputQueue::push(OutputDelta delta) {
     items_.push_back(std::move(delta));
   }
   cv_.notify_all();
+  if (on_push_) on_push_();
 }
 
 // A request the engine thread is serving.
@@ -132,6 +133,11 @@ void AsyncLlm::abort_all() {
   cv_.notify_all();
 }
 
+int64_t AsyncLlm::load() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return n_unfinished_;
+}
+
 bool AsyncLlm::healthy() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !failed_;
@@ -161,11 +167,13 @@ void AsyncLlm::finish(RequestId id, const std::string& reason, const std::string
   d.finish_reason = reason;
   d.error = error;
   if (p.text && reason != "error") d.text = p.text->finish();  // final now
-  p.queue->push(std::move(d));
+  // Counted before the client can see the end (so /metrics read after a response has
+  // it; and a remote engine's event travels ahead of the last delta).
   if (observer_) {
     observer_->on_finished(reason, p.n_prompt_tokens, p.n_generated_tokens,
                            seconds_between(p.arrival, Clock::now()));
   }
+  p.queue->push(std::move(d));
   pending_->erase(it);
   std::lock_guard<std::mutex> lock(mu_);
   --n_unfinished_;

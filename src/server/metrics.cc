@@ -49,87 +49,119 @@ void Histogram::render(std::string& out, const std::string& name,
   out += fmt::format("{}_count{{{}}} {}\n", name, labels, count_);
 }
 
-// Buckets as vLLM's.
-ServerMetrics::ServerMetrics(std::string model_name)
-    : labels_("model_name=\"" + escape_label(model_name) + "\""),
-      ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
-      itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0}),
-      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {
-  for (const char* r : {"stop", "length", "abort", "error"}) request_success_[r] = 0;
+// One engine's figures.
+class ServerMetrics::Engine : public EngineObserver {
+ public:
+  // Buckets as vLLM's.
+  Engine(std::mutex* mu, std::string labels)
+      : mu_(mu),
+        labels(std::move(labels)),
+        ttft({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+              7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
+        itl({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+             10.0, 20.0, 40.0, 80.0}),
+        e2e({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+             120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {
+    for (const char* r : {"stop", "length", "abort", "error"}) request_success[r] = 0;
+  }
+
+  void on_stats(const EngineStats& s) override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    stats = s;
+  }
+  void on_tokens(int64_t n_prompt_tokens, int64_t n_generated_tokens) override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    prompt_tokens += n_prompt_tokens;
+    generation_tokens += n_generated_tokens;
+  }
+  void on_first_token(double seconds) override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    ttft.observe(seconds);
+  }
+  void on_inter_token(double seconds) override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    itl.observe(seconds);
+  }
+  void on_finished(const std::string& finish_reason, int n_prompt_tokens, int n_generated_tokens,
+                   double seconds) override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    ++request_success[finish_reason];
+    e2e.observe(seconds);
+  }
+
+ private:
+  std::mutex* const mu_;  // the ServerMetrics' mutex, which render() holds too
+
+ public:
+  // GUARDED_BY(*mu_), read by render().
+  const std::string labels;  // model_name="...",engine="i"
+  EngineStats stats;
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+  std::map<std::string, int64_t> request_success;
+  Histogram ttft, itl, e2e;
+};
+
+ServerMetrics::ServerMetrics(std::string model_name, int n_engines)
+    : model_label_("model_name=\"" + escape_label(model_name) + "\"") {
+  for (int i = 0; i < n_engines; ++i) {
+    engines_.push_back(
+        std::make_unique<Engine>(&mu_, model_label_ + ",engine=\"" + std::to_string(i) + "\""));
+  }
 }
 
-void ServerMetrics::on_stats(const EngineStats& stats) {
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_ = stats;
-}
+ServerMetrics::~ServerMetrics() = default;
 
-void ServerMetrics::on_tokens(int64_t n_prompt_tokens, int64_t n_generated_tokens) {
-  std::lock_guard<std::mutex> lock(mu_);
-  prompt_tokens_ += n_prompt_tokens;
-  generation_tokens_ += n_generated_tokens;
-}
-
-void ServerMetrics::on_first_token(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ttft_.observe(seconds);
-}
-
-void ServerMetrics::on_inter_token(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  itl_.observe(seconds);
-}
-
-void ServerMetrics::on_finished(const std::string& finish_reason, int n_prompt_tokens,
-                                int n_generated_tokens, double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++request_success_[finish_reason];
-  e2e_.observe(seconds);
-}
+EngineObserver* ServerMetrics::engine(int i) { return engines_.at(i).get(); }
 
 std::string ServerMetrics::render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  auto gauge = [&](const char* name, const char* help, double v) {
+  // One family: its header, then one sample per engine.
+  auto gauge = [&](const char* name, const char* help, auto value) {
     header(out, name, "gauge", help);
-    out += fmt::format("{}{{{}}} {}\n", name, labels_, number(v));
+    for (const auto& e : engines_) out += fmt::format("{}{{{}}} {}\n", name, e->labels, number(value(*e)));
   };
-  auto counter = [&](const char* name, const char* help, int64_t v) {
+  auto counter = [&](const char* name, const char* help, auto value) {
     header(out, std::string(name) + "_total", "counter", help);
-    out += fmt::format("{}_total{{{}}} {}\n", name, labels_, v);
+    for (const auto& e : engines_) out += fmt::format("{}_total{{{}}} {}\n", name, e->labels, value(*e));
   };
   gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-        stats_.n_running);
+        [](const Engine& e) { return static_cast<double>(e.stats.n_running); });
   gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-        stats_.n_waiting);
-  const double usage =
-      stats_.n_blocks > 0 ? 1.0 - static_cast<double>(stats_.n_free_blocks) / stats_.n_blocks
-                          : 0.0;
-  gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage);
+        [](const Engine& e) { return static_cast<double>(e.stats.n_waiting); });
+  gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+        [](const Engine& e) {
+          return e.stats.n_blocks > 0
+                     ? 1.0 - static_cast<double>(e.stats.n_free_blocks) / e.stats.n_blocks
+                     : 0.0;
+        });
   counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-          stats_.n_prefix_queried_tokens);
+          [](const Engine& e) { return e.stats.n_prefix_queried_tokens; });
   counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-          stats_.n_prefix_hit_tokens);
+          [](const Engine& e) { return e.stats.n_prefix_hit_tokens; });
   counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-          stats_.n_preemptions);
-  counter("vllm:prompt_tokens", "Number of prefill tokens processed.", prompt_tokens_);
-  counter("vllm:generation_tokens", "Number of generation tokens processed.", generation_tokens_);
+          [](const Engine& e) { return e.stats.n_preemptions; });
+  counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+          [](const Engine& e) { return e.prompt_tokens; });
+  counter("vllm:generation_tokens", "Number of generation tokens processed.",
+          [](const Engine& e) { return e.generation_tokens; });
   header(out, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
-  for (const auto& [reason, n] : request_success_) {
-    out += fmt::format("vllm:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels_,
-                       reason, n);
+  for (const auto& e : engines_) {
+    for (const auto& [reason, n] : e->request_success) {
+      out += fmt::format("vllm:request_success_total{{{},finished_reason=\"{}\"}} {}\n", e->labels,
+                         reason, n);
+    }
   }
   header(out, "vllm:time_to_first_token_seconds", "histogram",
          "Histogram of time to first token in seconds.");
-  ttft_.render(out, "vllm:time_to_first_token_seconds", labels_);
+  for (const auto& e : engines_) e->ttft.render(out, "vllm:time_to_first_token_seconds", e->labels);
   header(out, "vllm:inter_token_latency_seconds", "histogram",
          "Histogram of inter-token latency in seconds.");
-  itl_.render(out, "vllm:inter_token_latency_seconds", labels_);
+  for (const auto& e : engines_) e->itl.render(out, "vllm:inter_token_latency_seconds", e->labels);
   header(out, "vllm:e2e_request_latency_seconds", "histogram",
          "Histogram of e2e request latency in seconds.");
-  e2e_.render(out, "vllm:e2e_request_latency_seconds", labels_);
+  for (const auto& e : engines_) e->e2e.render(out, "vllm:e2e_request_latency_seconds", e->labels);
   return out;
 }
 

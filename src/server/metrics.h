@@ -7,15 +7,19 @@
 //   histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
 //              vllm:e2e_request_latency_seconds
 // The token counters move every engine step (as vLLM's), so their rate is right
-// during long generations too. Every sample carries model_name. Counters are exposed as <name>_total, TYPE line
+// during long generations too. Every sample carries model_name and, as vLLM's, the
+// data-parallel rank of its engine (engine="0", engine="1", ...): one series per engine,
+// which add up to the server's totals. Counters are exposed as <name>_total, TYPE line
 // included, as prometheus_client writes them in the text format 0.0.4.
 //
-// Thread-safety: the EngineObserver callbacks run on the engine thread, render() on
-// HTTP threads; one mutex guards everything.
+// Thread-safety: each engine's EngineObserver callbacks run on its engine thread (or,
+// for a remote engine, on the data-parallel client's I/O thread), render() on HTTP
+// threads; one mutex guards everything.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -38,29 +42,24 @@ class Histogram {
   int64_t count_ = 0;
 };
 
-class ServerMetrics : public EngineObserver {
+class ServerMetrics {
  public:
-  explicit ServerMetrics(std::string model_name);
+  explicit ServerMetrics(std::string model_name, int n_engines = 1);
+  ~ServerMetrics();
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
 
-  void on_stats(const EngineStats& stats) override;
-  void on_tokens(int64_t n_prompt_tokens, int64_t n_generated_tokens) override;
-  void on_first_token(double seconds_since_arrival) override;
-  void on_inter_token(double seconds) override;
-  void on_finished(const std::string& finish_reason, int n_prompt_tokens,
-                   int n_generated_tokens, double seconds_since_arrival) override;
+  // The observer of engine (data-parallel rank) i, 0 <= i < n_engines.
+  EngineObserver* engine(int i);
 
   // The exposition text served at GET /metrics.
   std::string render() const;
 
  private:
-  const std::string labels_;  // model_name="..."
-
+  class Engine;
+  const std::string model_label_;  // model_name="..."
   mutable std::mutex mu_;
-  EngineStats stats_;                                 // GUARDED_BY(mu_)
-  int64_t prompt_tokens_ = 0;                         // GUARDED_BY(mu_)
-  int64_t generation_tokens_ = 0;                     // GUARDED_BY(mu_)
-  std::map<std::string, int64_t> request_success_;   // GUARDED_BY(mu_)
-  Histogram ttft_, itl_, e2e_;                        // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<Engine>> engines_;  // their state is GUARDED_BY(mu_)
 };
 
 }  // namespace dserve::server

@@ -45,7 +45,7 @@ struct OpenAiServing::Job {
   std::string id;
   int64_t created = 0;
   std::string model;
-  AsyncLlm* llm = nullptr;
+  EngineClient* llm = nullptr;
   const Tokenizer* tok = nullptr;
   std::shared_ptr<OutputQueue> queue = std::make_shared<OutputQueue>();
   std::vector<RequestId> request_ids;
@@ -333,7 +333,7 @@ Reply OpenAiServing::run_to_completion(Job& job) {
   return {200, job.response(), nullptr};
 }
 
-OpenAiServing::OpenAiServing(AsyncLlm& llm, ChatRenderer render_chat, ServingConfig config)
+OpenAiServing::OpenAiServing(EngineClient& llm, ChatRenderer render_chat, ServingConfig config)
     : llm_(llm), render_chat_(std::move(render_chat)), config_(std::move(config)) {}
 
 OpenAiServing::~OpenAiServing() = default;

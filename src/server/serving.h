@@ -5,7 +5,7 @@
 // all feeding one OutputQueue; seeded choices use seed + choice index, as vLLM.
 //
 // Thread-safety: handlers run concurrently on HTTP threads; the object is immutable
-// after construction and the AsyncLlm and Tokenizer it uses are thread-safe. One
+// after construction and the EngineClient and Tokenizer it uses are thread-safe. One
 // EventStream is pulled by one thread at a time.
 #pragma once
 
@@ -68,7 +68,7 @@ struct ServingConfig {
 class OpenAiServing {
  public:
   // `render_chat` may be empty (then chat requests fail with a clear error).
-  OpenAiServing(AsyncLlm& llm, ChatRenderer render_chat, ServingConfig config);
+  OpenAiServing(EngineClient& llm, ChatRenderer render_chat, ServingConfig config);
   // The engine can still serve (GET /health).
   bool healthy() const { return llm_.healthy(); }
   ~OpenAiServing();
@@ -95,7 +95,7 @@ class OpenAiServing {
                                            bool add_generation_prompt, bool add_special_tokens,
                                            const nlohmann::ordered_json& kwargs) const;
 
-  AsyncLlm& llm_;
+  EngineClient& llm_;
   ChatRenderer render_chat_;
   const ServingConfig config_;
 };

@@ -18,7 +18,10 @@ FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-le
          "--gpu-memory-utilization", "--kv-cache-memory", "--kv-cache-dtype", "--seed", "--dtype", "--quantization",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--chat-template",
          "--reasoning-parser", "--trust-remote-code", "--threads", "--log-level",
-         "--shutdown-timeout", "--tensor-parallel-size"]
+         "--shutdown-timeout", "--tensor-parallel-size", "--data-parallel-size",
+         "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port",
+         "--data-parallel-start-rank", "--headless", "--enable-expert-parallel",
+         "--additional-config"]
 
 
 def test_help_lists_every_flag(dserve_bin):
@@ -34,7 +37,11 @@ def test_help_lists_every_flag(dserve_bin):
     (["--tensor-parallel-size", "2", "--master-port", str(server_util.free_port())],
      "--tensor-parallel-size 2: does not divide the model's 9 attention heads"),
     (["--pipeline-parallel-size", "2"], "not built yet"),
-    (["--data-parallel-size", "2"], "not built yet"),
+    # Data parallelism itself: test_data_parallel.py.
+    (["--data-parallel-size", "2", "--data-parallel-size-local", "1", "--distributed-timeout",
+      "1", "--data-parallel-rpc-port", str(server_util.free_port())], "rank(s) 1 never connected"),
+    (["--enable-expert-parallel", "--data-parallel-size", "2"],
+     "expert parallelism across data-parallel engines"),
     (["--enable-expert-parallel", "--tensor-parallel-size", "3", "--master-port",
       str(server_util.free_port())], "--enable-expert-parallel: LlamaForCausalLM has no routed experts"),
     (["--quantization", "awq"], "not built yet"),

@@ -1,0 +1,91 @@
+#include "cli/data_parallel.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+
+namespace dserve::cli {
+
+void add_data_parallel_options(CLI::App* cmd, DataParallelOptions* o) {
+  cmd->add_option("--data-parallel-size", o->size,
+                  "data-parallel engines in all, over every node (each an engine of "
+                  "--tensor-parallel-size ranks); the API server sends each request to the "
+                  "least loaded")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--data-parallel-size-local", o->size_local,
+                  "data-parallel engines on this node (default: all of them)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--data-parallel-start-rank", o->start_rank,
+                  "the data-parallel rank of this node's first engine (with --headless)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--data-parallel-address", o->address,
+                  "the address of the API server's node, which headless nodes connect to");
+  cmd->add_option("--data-parallel-rpc-port", o->rpc_port,
+                  "the port the API server's node listens on for headless nodes' engines")
+      ->capture_default_str()->check(CLI::Range(1, 65535));
+  cmd->add_flag("--headless", o->headless,
+                "run this node's engines only (no API server), serving the API server at "
+                "--data-parallel-address:--data-parallel-rpc-port");
+  cmd->add_option("--additional-config", o->additional_config,
+                  "a JSON object of platform-specific settings (vLLM's); dserve's CPU backend "
+                  "uses none of them and logs each key as ignored");
+}
+
+Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size) {
+  if (!o->additional_config.empty()) {
+    nlohmann::json j = nlohmann::json::parse(o->additional_config, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return invalid_argument("--additional-config: not a JSON object: " + o->additional_config);
+    }
+    for (const auto& [key, value] : j.items()) {
+      DS_LOG_WARN("--additional-config: \"{}\" ignored (a platform-specific setting; it means "
+                  "nothing to dserve's CPU backend)", key);
+    }
+  }
+  if (o->enable_expert_parallel && o->size > 1) {
+    return unimplemented(
+        "--enable-expert-parallel with --data-parallel-size > 1: expert parallelism across "
+        "data-parallel engines (an all-to-all of tokens between them) is not built yet, only "
+        "within one engine's --tensor-parallel-size ranks; leave the flag out (with it off, every "
+        "data-parallel engine holds all experts, and the outputs are the same)");
+  }
+  if (o->size_local < 0) o->size_local = o->headless ? 1 : o->size;
+  if (o->size_local > o->size) {
+    return invalid_argument("--data-parallel-size-local " + std::to_string(o->size_local) +
+                            " is more than --data-parallel-size " + std::to_string(o->size));
+  }
+  if (o->headless) {
+    if (o->address.empty()) {
+      return invalid_argument(
+          "--headless needs --data-parallel-address: the address of the API server's node, "
+          "which this node's engines connect to");
+    }
+    if (o->size_local < 1) return invalid_argument("--headless needs --data-parallel-size-local >= 1");
+    if (o->start_rank + o->size_local > o->size) {
+      return invalid_argument("data-parallel ranks " + std::to_string(o->start_rank) + ".." +
+                              std::to_string(o->start_rank + o->size_local - 1) +
+                              " (--data-parallel-start-rank, --data-parallel-size-local) go past "
+                              "--data-parallel-size " + std::to_string(o->size));
+    }
+  } else {
+    if (o->start_rank != 0) {
+      return invalid_argument("--data-parallel-start-rank " + std::to_string(o->start_rank) +
+                              " without --headless: the API server's node has ranks 0.." +
+                              "(--data-parallel-size-local - 1)");
+    }
+    if (o->size > 1 && o->size_local < 1) {
+      return unimplemented("--data-parallel-size-local 0 (an API server without engines) is not "
+                           "built yet: the API server's node runs at least one engine");
+    }
+  }
+  if (o->size > 1 && tensor_parallel_size > 1) {
+    return unimplemented("--data-parallel-size " + std::to_string(o->size) +
+                         " with --tensor-parallel-size " + std::to_string(tensor_parallel_size) +
+                         ": data-parallel engines of several tensor-parallel ranks are not built "
+                         "yet; use one of the two");
+  }
+  return Status::Ok();
+}
+
+}  // namespace dserve::cli

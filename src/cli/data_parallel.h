@@ -1,0 +1,44 @@
+// The data-parallel flags of `dserve serve`, with vLLM's names and meanings:
+//   --data-parallel-size N        engines in all (each itself --tensor-parallel-size ranks)
+//   --data-parallel-size-local L  engines on this node (default: all N, one node)
+//   --data-parallel-start-rank S  the first rank on this node (a headless node's ranks are
+//                                 S..S+L-1; the API server's node has ranks 0..L-1)
+//   --data-parallel-address A     the API server's node, where headless nodes connect
+//   --data-parallel-rpc-port P    the port the API server's node listens on for them
+//   --headless                    run engines only, serving the API server at A:P
+// and --additional-config
+// (JSON; vLLM's platform-specific settings, which mean nothing to the CPU backend: each
+// key is logged as ignored). --enable-expert-parallel is a tensor-parallel flag
+// (cli/tensor_parallel.h); across data-parallel engines it is refused (not built yet).
+//
+// Thread-safety: main thread only.
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+
+namespace CLI {
+class App;
+}
+
+namespace dserve::cli {
+
+struct DataParallelOptions {
+  int size = 1;
+  int size_local = -1;  // -1: not given (then all of them)
+  int start_rank = 0;
+  std::string address;
+  int rpc_port = 29550;  // vLLM's default
+  bool headless = false;
+  bool enable_expert_parallel = false;  // --enable-expert-parallel (a tensor-parallel flag), copied
+  std::string additional_config;  // JSON object
+};
+
+void add_data_parallel_options(CLI::App* cmd, DataParallelOptions* o);
+
+// Checks the flags together (and --tensor-parallel-size), fills in size_local, and
+// logs --additional-config's keys as ignored (once); one clear error otherwise.
+Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size);
+
+}  // namespace dserve::cli
