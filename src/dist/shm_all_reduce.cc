@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -255,8 +256,10 @@ Result<std::unique_ptr<Communicator>> connect_shm_all_reduce(std::unique_ptr<Com
       why_not = "rank 0 has no segment";
     } else {
       name = v.substr(0, sp);
-      nonce = std::stoull(v.substr(sp + 1));
-      Result<Mapping> m = map_segment(name, false, n, slot_bytes);
+      char* end = nullptr;
+      nonce = std::strtoull(v.c_str() + sp + 1, &end, 10);
+      Result<Mapping> m = *end == '\0' ? map_segment(name, false, n, slot_bytes)
+                                       : Result<Mapping>(invalid_argument("malformed segment key '" + v + "'"));
       if (!m.ok()) {
         why_not = m.status().message();
       } else if (m->header()->nonce != nonce || m->header()->n_ranks != n || m->header()->slot_bytes != slot_bytes) {
