@@ -29,6 +29,18 @@ inline constexpr int kMaxLogprobs = 20;
 // Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS).
 inline constexpr float kGreedyTemperature = 1e-5f;
 
+// Constrained decoding (structured output, vLLM's StructuredOutputsParams): the output
+// must match this. Plain data: the engine compiles it against the model's tokenizer
+// (src/grammar/structured_output.h), so it crosses process boundaries as it is.
+struct StructuredOutputs {
+  enum class Kind { kJson, kJsonObject, kRegex, kChoice, kGrammar };
+  Kind kind = Kind::kJsonObject;
+  // kJson: the JSON schema as JSON text; kRegex: the pattern; kGrammar: GBNF text.
+  std::string text;
+  std::vector<std::string> choices;  // kChoice: the output is exactly one of these
+  bool operator==(const StructuredOutputs&) const = default;
+};
+
 // What a request asks for, unvalidated. Defaults are vLLM's.
 struct SamplingOptions {
   int n = 1;                           // sequences per prompt, >= 1
@@ -51,6 +63,8 @@ struct SamplingOptions {
   // (and this many alternatives), as evaluation harnesses score text; none: off. Such
   // a request bypasses the prefix cache, since cached positions have no logits.
   std::optional<int> prompt_logprobs = {};
+  // none: unconstrained. Validated (compiled) by the engine, not by SamplingParams.
+  std::optional<StructuredOutputs> structured_outputs = {};
 };
 
 class SamplingParams {
@@ -76,6 +90,9 @@ class SamplingParams {
   int min_tokens() const { return o_.min_tokens; }
   const std::optional<int>& logprobs() const { return o_.logprobs; }
   const std::optional<int>& prompt_logprobs() const { return o_.prompt_logprobs; }
+  const std::optional<StructuredOutputs>& structured_outputs() const {
+    return o_.structured_outputs;
+  }
 
   bool greedy() const { return o_.temperature < kGreedyTemperature; }
   bool has_penalties() const {

@@ -1,0 +1,68 @@
+#include "grammar/structured_output.h"
+
+#include "grammar/gbnf_parser.h"
+#include "grammar/json_schema.h"
+#include "grammar/regex_parser.h"
+
+namespace dserve::grammar {
+
+Result<std::shared_ptr<const Grammar>> choice_grammar(const std::vector<std::string>& choices) {
+  if (choices.empty()) return invalid_argument("choice: the list of choices is empty");
+  std::vector<ExprPtr> alts;
+  for (const std::string& c : choices) alts.push_back(literal(c));
+  GrammarBuilder b;
+  DS_RETURN_IF_ERROR(b.add_rule("root", alternatives(std::move(alts))));
+  return b.build("root");
+}
+
+Result<std::shared_ptr<const Grammar>> compile_grammar(const StructuredOutputs& spec) {
+  switch (spec.kind) {
+    case StructuredOutputs::Kind::kJson:
+      return compile_json_schema(spec.text);
+    case StructuredOutputs::Kind::kJsonObject:
+      return json_object_grammar();
+    case StructuredOutputs::Kind::kRegex: {
+      DS_ASSIGN_OR_RETURN(ExprPtr e, parse_regex(spec.text));
+      GrammarBuilder b;
+      DS_RETURN_IF_ERROR(b.add_rule("root", e));
+      return b.build("root");
+    }
+    case StructuredOutputs::Kind::kChoice:
+      return choice_grammar(spec.choices);
+    case StructuredOutputs::Kind::kGrammar:
+      return parse_gbnf(spec.text);
+  }
+  return invalid_argument("unknown structured output kind");
+}
+
+Result<std::unique_ptr<GrammarMatcher>> StructuredOutputCompiler::matcher(
+    const StructuredOutputs& spec) {
+  std::string key(1, static_cast<char>('0' + static_cast<int>(spec.kind)));
+  key += spec.text;
+  for (const std::string& c : spec.choices) {
+    key += '\0' + std::to_string(c.size()) + ':' + c;
+  }
+  std::shared_ptr<const Grammar> g;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      lru_.splice(lru_.end(), lru_, it->second.second);
+      g = it->second.first;
+    }
+  }
+  if (!g) {
+    DS_ASSIGN_OR_RETURN(g, compile_grammar(spec));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cache_.count(key) == 0) {
+      lru_.push_back(key);
+      cache_.emplace(key, std::make_pair(g, std::prev(lru_.end())));
+      while (cache_.size() > max_cached_) {
+        cache_.erase(lru_.front());
+        lru_.pop_front();
+      }
+    }
+  }
+  return std::make_unique<GrammarMatcher>(g, vocab_);
+}
+
+}  // namespace dserve::grammar
