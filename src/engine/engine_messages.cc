@@ -166,6 +166,14 @@ json to_json(const SamplingOptions& o) {
   j["seed"] = o.seed ? json(*o.seed) : json(nullptr);
   j["logprobs"] = o.logprobs ? json(*o.logprobs) : json(nullptr);
   j["prompt_logprobs"] = o.prompt_logprobs ? json(*o.prompt_logprobs) : json(nullptr);
+  if (o.structured_outputs) {
+    // The source text crosses; each engine compiles it against its own tokenizer.
+    j["structured_outputs"] = {{"kind", static_cast<int>(o.structured_outputs->kind)},
+                               {"text", o.structured_outputs->text},
+                               {"choices", o.structured_outputs->choices}};
+  } else {
+    j["structured_outputs"] = nullptr;
+  }
   return j;
 }
 SamplingOptions sampling_options(const json& j) {
@@ -190,6 +198,21 @@ SamplingOptions sampling_options(const json& j) {
   o.min_tokens = integer_at<int>(j, "min_tokens");
   o.logprobs = optional_integer_at<int>(j, "logprobs");
   o.prompt_logprobs = optional_integer_at<int>(j, "prompt_logprobs");
+  if (auto it = j.find("structured_outputs"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) throw BadField{"\"structured_outputs\" is not an object"};
+    const int kind = integer_at<int>(*it, "kind");
+    if (kind < 0 || kind > static_cast<int>(StructuredOutputs::Kind::kGrammar)) {
+      throw BadField{"\"structured_outputs.kind\" is out of range"};
+    }
+    StructuredOutputs so;
+    so.kind = static_cast<StructuredOutputs::Kind>(kind);
+    so.text = string_at(*it, "text");
+    for (const json& c : array_at(*it, "choices")) {
+      if (!c.is_string()) throw BadField{"\"structured_outputs.choices\" holds a non-string"};
+      so.choices.push_back(c.get<std::string>());
+    }
+    o.structured_outputs = std::move(so);
+  }
   return o;
 }
 

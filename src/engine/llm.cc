@@ -121,7 +121,8 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   ec.seed = o.seed;
   if (llm->tokenizer_) ec.extra_eos_ids = llm->tokenizer_->stop_ids();
   DS_ASSIGN_OR_RETURN(llm->engine_,
-                      LlmEngine::create(*llm->model_, ec, llm->backend_->host_thread_pool()));
+                      LlmEngine::create(*llm->model_, ec, llm->backend_->host_thread_pool(),
+                                        llm->tokenizer_.get()));
   return llm;
 }
 

@@ -10,7 +10,8 @@ namespace dserve {
 
 Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
                                                      const EngineConfig& config_in,
-                                                     ThreadPool* sampling_pool) {
+                                                     ThreadPool* sampling_pool,
+                                                     const Tokenizer* tokenizer) {
   EngineConfig config = config_in;
   const ModelInfo& info = model.info();
   if (config.max_model_len == 0) {
@@ -82,18 +83,20 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
       config.max_num_seqs, config.max_num_batched_tokens,
       config.enable_prefix_caching ? "on" : "off");
   return std::unique_ptr<LlmEngine>(
-      new LlmEngine(model, config, std::move(scheduler), std::move(cache), sampling_pool));
+      new LlmEngine(model, config, std::move(scheduler), std::move(cache), sampling_pool,
+                    tokenizer));
 }
 
 LlmEngine::LlmEngine(CausalLm& model, const EngineConfig& config,
                      std::unique_ptr<sched::Scheduler> s, std::unique_ptr<PagedCache> cache,
-                     ThreadPool* sampling_pool)
+                     ThreadPool* sampling_pool, const Tokenizer* tokenizer)
     : model_(model),
       config_(config),
       scheduler_(std::move(s)),
       cache_(std::move(cache)),
       sampler_(sampling_pool),
-      entropy_(config.seed ? *config.seed : std::random_device{}()) {
+      entropy_(config.seed ? *config.seed : std::random_device{}()),
+      tokenizer_(tokenizer) {
   eos_ids_ = model.info().eos_ids;
   for (int32_t id : config.extra_eos_ids) {
     if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
@@ -133,6 +136,20 @@ Status LlmEngine::add_request(RequestId id, std::vector<int32_t> prompt,
     if (o.seed) o.seed = *o.seed + j;
     DS_ASSIGN_OR_RETURN(SamplingParams pj, SamplingParams::create(o));
     states.push_back(std::make_unique<SamplingState>(pj, prompt, eos_ids_, entropy_()));
+    if (options.structured_outputs) {
+      if (tokenizer_ == nullptr) {
+        return invalid_argument(who + "structured output needs the model's tokenizer");
+      }
+      if (!structured_) {
+        structured_ = std::make_unique<grammar::StructuredOutputCompiler>(
+            grammar::TokenVocabulary::from_tokenizer(*tokenizer_,
+                                                     static_cast<int32_t>(vocab)));
+      }
+      Result<std::unique_ptr<grammar::GrammarMatcher>> m =
+          structured_->matcher(*options.structured_outputs);
+      if (!m.ok()) return invalid_argument(who + m.status().message());
+      states.back()->set_constraint(std::move(m).value());
+    }
   }
   sched::RequestSpec spec;
   spec.id = id;

@@ -30,6 +30,7 @@
 
 #include "base/status.h"
 #include "engine/engine_output.h"
+#include "grammar/structured_output.h"
 #include "model/causal_lm.h"
 #include "sampling/batch_sampler.h"
 #include "sampling/sampler.h"
@@ -68,13 +69,17 @@ class LlmEngine {
   // threads to sample a step's sequences in parallel, normally the backend's own
   // (Backend::host_thread_pool), idle while the engine samples; it must outlive the
   // engine and be used only from the engine thread.
+  // tokenizer (borrowed, may be null; must outlive the engine): the model's, needed
+  // for structured output (SamplingOptions::structured_outputs).
   static Result<std::unique_ptr<LlmEngine>> create(CausalLm& model, const EngineConfig& config,
-                                                   ThreadPool* sampling_pool = nullptr);
+                                                   ThreadPool* sampling_pool = nullptr,
+                                                   const Tokenizer* tokenizer = nullptr);
   LlmEngine(const LlmEngine&) = delete;
   LlmEngine& operator=(const LlmEngine&) = delete;
 
   // Queues a request. InvalidArgument for bad sampling options or token ids, a
-  // duplicate id or a prompt too long for max_model_len; ResourceExhausted when it
+  // duplicate id, a prompt too long for max_model_len, or structured output that does
+  // not compile (or without a tokenizer); ResourceExhausted when it
   // could never fit in the KV cache. Nothing changes on error.
   // n > 1 (options.n): `fork_ids` names the n - 1 further sequences; each is a request
   // of its own for outputs, finishing and aborting, sharing the prompt's KV blocks once
@@ -98,7 +103,8 @@ class LlmEngine {
 
  private:
   LlmEngine(CausalLm& model, const EngineConfig& config, std::unique_ptr<sched::Scheduler> s,
-            std::unique_ptr<PagedCache> cache, ThreadPool* sampling_pool);
+            std::unique_ptr<PagedCache> cache, ThreadPool* sampling_pool,
+            const Tokenizer* tokenizer);
 
   // The model runner: the plan as one ModelBatch, block tables updated from the plan.
   void build_batch(const sched::SchedulerOutput& plan);
@@ -110,6 +116,9 @@ class LlmEngine {
   BatchSampler sampler_;
   std::vector<int32_t> eos_ids_;
   std::mt19937_64 entropy_;  // seeds of unseeded requests
+  const Tokenizer* tokenizer_;
+  // Built at the first structured-output request (the vocabulary trie), then reused.
+  std::unique_ptr<grammar::StructuredOutputCompiler> structured_;
 
   std::unordered_map<RequestId, std::unique_ptr<SamplingState>> states_;  // unfinished
   std::unordered_map<RequestId, std::vector<int32_t>> block_tables_;      // as planned so far

@@ -50,10 +50,47 @@ constexpr size_t kHeapSelectMax = 4096;
 
 }  // namespace
 
+std::span<const float> Sampler::constrained(const SamplingState& state,
+                                            std::span<const float> logits, bool* stops_handled) {
+  *stops_handled = false;
+  TokenConstraint* c = state.constraint();
+  if (c == nullptr || state.constraint_broken()) return logits;
+  const size_t vocab = logits.size();
+  const size_t n_words = (vocab + 63) / 64;
+  allowed_.assign(n_words, 0);
+  c->fill_allowed(allowed_);
+  bool any = false;
+  for (uint64_t w : allowed_) any |= w != 0;
+  auto set = [&](int32_t id, bool on) {
+    if (id < 0 || static_cast<size_t>(id) >= vocab) return;
+    const uint64_t bit = uint64_t{1} << (id & 63);
+    allowed_[id >> 6] = on ? allowed_[id >> 6] | bit : allowed_[id >> 6] & ~bit;
+  };
+  // Stop ids end a complete output; they are also the way out of a dead end (a state
+  // no token of this vocabulary can continue), so a request never loops there.
+  if (c->is_complete() || !any) {
+    for (int32_t id : state.stop_ids()) set(id, true);
+  }
+  if (state.stop_ids_masked() && any) {
+    // min_tokens holds the stop ids back unless nothing else is allowed.
+    for (int32_t id : state.stop_ids()) set(id, false);
+  }
+  *stops_handled = true;
+  masked_.resize(vocab);
+  for (size_t w = 0; w < n_words; ++w) {
+    const uint64_t bits = allowed_[w];
+    const size_t end = std::min(vocab, (w + 1) * 64);
+    for (size_t i = w * 64; i < end; ++i) {
+      masked_[i] = (bits >> (i & 63)) & 1 ? logits[i] : kNegInf;
+    }
+  }
+  return masked_;
+}
+
 std::span<const float> Sampler::penalised(const SamplingState& state,
-                                          std::span<const float> logits) {
+                                          std::span<const float> logits, bool mask_stops) {
   const SamplingParams& p = state.params();
-  const bool mask = state.stop_ids_masked() && !state.stop_ids().empty();
+  const bool mask = mask_stops && state.stop_ids_masked() && !state.stop_ids().empty();
   if (!mask && !p.has_penalties()) return logits;
 
   row_.assign(logits.begin(), logits.end());
@@ -179,10 +216,14 @@ size_t Sampler::filter(const SamplingParams& p, std::span<const float> row, floa
   }
 }
 
-SampleResult Sampler::sample(const SamplingState& state, std::span<const float> logits) {
-  DS_CHECK(!logits.empty());
+SampleResult Sampler::sample(const SamplingState& state, std::span<const float> raw_logits) {
+  DS_CHECK(!raw_logits.empty());
   const SamplingParams& p = state.params();
-  std::span<const float> row = penalised(state, logits);
+  // As vLLM v1 applies the grammar bitmask to the logits before its sampler, masked
+  // tokens also get -inf logprobs.
+  bool stops_handled = false;
+  std::span<const float> logits = constrained(state, raw_logits, &stops_handled);
+  std::span<const float> row = penalised(state, logits, !stops_handled);
   SampleResult result;
   const float max = p.greedy() ? 0.0f : max_of(row);
   if (p.greedy() || max == kNegInf) {
@@ -261,11 +302,13 @@ void Sampler::fill_logprobs(std::span<const float> logits, size_t n_top,
   }
 }
 
-void Sampler::processed_logits(const SamplingState& state, std::span<const float> logits,
+void Sampler::processed_logits(const SamplingState& state, std::span<const float> raw_logits,
                                std::span<float> out) {
-  DS_CHECK(out.size() == logits.size());
+  DS_CHECK(out.size() == raw_logits.size());
   const SamplingParams& p = state.params();
-  std::span<const float> row = penalised(state, logits);
+  bool stops_handled = false;
+  std::span<const float> logits = constrained(state, raw_logits, &stops_handled);
+  std::span<const float> row = penalised(state, logits, !stops_handled);
   if (p.greedy()) {
     std::copy(row.begin(), row.end(), out.begin());
     return;

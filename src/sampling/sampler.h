@@ -17,8 +17,12 @@
 //   logprobs (L alternatives)      O(V) compares + O(L log(V/L) log L) heap updates
 // The vocabulary is never fully sorted.
 //
+// Structured output (SamplingState::constraint()): first of all, ids the constraint
+// does not allow get -inf, as vLLM v1 applies its grammar bitmask to the logits; stop
+// ids are allowed exactly when the constraint is complete (or nothing else is).
+//
 // Logprobs are vLLM's default mode, "raw_logprobs": log-softmax of the model's logits
-// before penalties, temperature and filtering; with them come the sampled token's
+// (after a constraint's mask) before penalties, temperature and filtering; with them come the sampled token's
 // rank (how many tokens have a raw log-prob >= its own) and the best
 // params.logprobs() alternatives.
 //
@@ -61,8 +65,14 @@ class Sampler {
  private:
   using Candidate = std::pair<float, int32_t>;  // (processed logit, id)
 
-  // logits, or scratch holding them with masking and penalties applied.
-  std::span<const float> penalised(const SamplingState& state, std::span<const float> logits);
+  // logits, or (for a constrained state) scratch holding them with -inf for every id
+  // the constraint does not allow; stop ids are then decided here (stops_handled).
+  std::span<const float> constrained(const SamplingState& state, std::span<const float> logits,
+                                     bool* stops_handled);
+  // logits, or scratch holding them with masking and penalties applied. mask_stops:
+  // apply min_tokens' masking of stop ids.
+  std::span<const float> penalised(const SamplingState& state, std::span<const float> logits,
+                                   bool mask_stops);
   // Fills candidates_ with the ids that survive min_p, top_k and top_p; returns how
   // many of them (a prefix of candidates_) are kept. max: the largest logit in row.
   size_t filter(const SamplingParams& p, std::span<const float> row, float max);
@@ -71,6 +81,8 @@ class Sampler {
                      std::vector<Candidate>* out);
   void fill_logprobs(std::span<const float> logits, size_t n_top, SampleResult* result);
 
+  std::vector<uint64_t> allowed_;      // [ceil(vocab / 64)] a constraint's allowed ids
+  std::vector<float> masked_;          // [vocab] logits of a constrained sequence
   std::vector<float> row_;             // [vocab] penalised logits
   std::vector<Candidate> candidates_;  // scratch for filtering
   std::vector<Candidate> heap_;        // scratch for top logprobs

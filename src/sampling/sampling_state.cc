@@ -27,8 +27,12 @@ bool SamplingState::in_prompt(int32_t id) const {
 std::optional<FinishReason> SamplingState::accept(int32_t token) {
   ++output_counts_[token];
   ++n_output_;
+  const bool is_stop = std::binary_search(stop_ids_.begin(), stop_ids_.end(), token);
+  if (constraint_ && !constraint_broken_ && !is_stop && !constraint_->accept(token)) {
+    constraint_broken_ = true;
+  }
   if (n_output_ < params_.min_tokens()) return std::nullopt;
-  if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), token)) return FinishReason::kStop;
+  if (is_stop) return FinishReason::kStop;
   if (n_output_ >= params_.max_tokens()) return FinishReason::kLength;
   return std::nullopt;
 }

@@ -11,12 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "sampling/sampling_params.h"
+#include "sampling/token_constraint.h"
 
 namespace dserve {
 
@@ -39,8 +41,18 @@ class SamplingState {
 
   // Records a generated token and says whether the sequence ends with it, in vLLM's
   // order: nothing stops before min_tokens; then a stop id (kStop); then max_tokens
-  // (kLength). A kStop token is not part of the visible output.
+  // (kLength). A kStop token is not part of the visible output. A constraint advances
+  // past every token but stop ids.
   std::optional<FinishReason> accept(int32_t token);
+
+  // Structured output: the tokens allowed next (owned; set once, before sampling).
+  void set_constraint(std::unique_ptr<TokenConstraint> c) { constraint_ = std::move(c); }
+  // Null when unconstrained. Non-const through a const state: sampling (which reads the
+  // state) fills the constraint's caches; only the thread sampling this state uses it.
+  TokenConstraint* constraint() const { return constraint_.get(); }
+  // A token the constraint refused was accepted (only possible when it allowed nothing
+  // and the sequence had no stop id to end with); the constraint no longer applies.
+  bool constraint_broken() const { return constraint_broken_; }
 
   const SamplingParams& params() const { return params_; }
   int64_t n_output() const { return n_output_; }
@@ -66,6 +78,8 @@ class SamplingState {
   int64_t n_output_ = 0;
   uint64_t seed_;
   int sample_index_;
+  std::unique_ptr<TokenConstraint> constraint_;
+  bool constraint_broken_ = false;
 };
 
 }  // namespace dserve

@@ -1,5 +1,7 @@
 #include "server/openai_protocol.h"
 
+#include "server/structured_output_request.h"
+
 #include <cmath>
 #include <limits>
 #include <set>
@@ -212,8 +214,12 @@ Parsed<CompletionRequest> parse_completion_request(const json& body) {
   FieldReader f(body);
   std::set<std::string> known = kCommonFields;
   known.insert({"prompt", "echo", "best_of", "suffix"});
+  known.insert(kStructuredOutputFields.begin(), kStructuredOutputFields.end());
   f.only(known);
   read_common(f, body, r);
+  if (f.ok()) {
+    if (auto e = read_structured_outputs(body, &r.sampling)) return *e;
+  }
   read_max_tokens(f, "max_tokens", &r.max_tokens);
   f.boolean("echo", &r.echo);
   f.boolean("add_special_tokens", &r.add_special_tokens);
@@ -277,8 +283,12 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
                 "parallel_tool_calls", "response_format", "store", "metadata", "service_tier",
                 "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
                 "documents"});
+  known.insert(kStructuredOutputFields.begin(), kStructuredOutputFields.end());
   f.only(known);
   read_common(f, body, r);
+  if (f.ok()) {
+    if (auto e = read_structured_outputs(body, &r.sampling)) return *e;
+  }
   read_max_tokens(f, "max_tokens", &r.max_tokens);
   std::optional<int> max_completion;
   read_max_tokens(f, "max_completion_tokens", &max_completion);
@@ -300,12 +310,6 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
   if (f.ok() && r.add_generation_prompt && r.continue_final_message) {
     f.fail("add_generation_prompt and continue_final_message cannot both be true",
            "continue_final_message");
-  }
-  if (const json* rf = f.get("response_format"); f.ok() && rf) {
-    if (!rf->is_object() || rf->value("type", "") != "text") {
-      f.fail("response_format other than {\"type\": \"text\"} is not supported",
-             "response_format", "unsupported");
-    }
   }
   if (const json* tc = f.get("tool_choice"); f.ok() && tc) {
     if (!tc->is_string() || (*tc != "none" && *tc != "auto")) {
