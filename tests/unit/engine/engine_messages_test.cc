@@ -57,6 +57,7 @@ TEST(EngineMessages, AddCarriesEverySamplingOption) {
   o.min_tokens = 2;
   o.logprobs = 5;
   o.prompt_logprobs = 0;
+  o.structured_outputs = StructuredOutputs{StructuredOutputs::Kind::kChoice, "", {"y\xc3\xa9s", ""}};
   Add b = round_trip(a);
   EXPECT_EQ(b.engine, 3);
   EXPECT_EQ(b.ticket, a.ticket);
@@ -78,12 +79,17 @@ TEST(EngineMessages, AddCarriesEverySamplingOption) {
   EXPECT_EQ(b.options.min_tokens, 2);
   EXPECT_EQ(b.options.logprobs, 5);
   EXPECT_EQ(b.options.prompt_logprobs, 0);
+  EXPECT_EQ(b.options.structured_outputs, o.structured_outputs);
+  a.options.structured_outputs =
+      StructuredOutputs{StructuredOutputs::Kind::kJson, R"({"type": "object"})", {}};
+  EXPECT_EQ(round_trip(a).options.structured_outputs, a.options.structured_outputs);
 
   Add unset;
   Add c = round_trip(unset);
   EXPECT_FALSE(c.options.seed.has_value());
   EXPECT_FALSE(c.options.logprobs.has_value());
   EXPECT_FALSE(c.options.prompt_logprobs.has_value());
+  EXPECT_FALSE(c.options.structured_outputs.has_value());
 }
 
 TEST(EngineMessages, OutputKeepsLogprobsBitForBit) {
@@ -202,6 +208,16 @@ TEST(EngineMessages, MalformedMessagesAreErrors) {
   expect_bad(with("\"ignore_eos\":false", "\"ignore_eos\":0"), "\"ignore_eos\" is not a boolean");
   expect_bad(with("\"seed\":null", "\"seed\":-3"), "\"seed\" is negative");
   expect_bad(with("\"options\":{", "\"options\":7,\"x\":{"), "\"options\" is not an object");
+  expect_bad(with("\"structured_outputs\":null", "\"structured_outputs\":3"),
+             "\"structured_outputs\" is not an object");
+  expect_bad(with("\"structured_outputs\":null",
+                  "\"structured_outputs\":{\"kind\":9,\"text\":\"\",\"choices\":[]}"),
+             "\"structured_outputs.kind\" is out of range");
+  expect_bad(with("\"structured_outputs\":null",
+                  "\"structured_outputs\":{\"kind\":3,\"text\":\"\",\"choices\":[1]}"),
+             "holds a non-string");
+  expect_bad(with("\"structured_outputs\":null", "\"structured_outputs\":{\"kind\":0}"),
+             "missing field \"text\"");
 }
 
 // Truncations and byte flips of valid messages decode or fail cleanly.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -367,6 +368,81 @@ TEST(SamplerTest, SampledTokenIsAlwaysInProcessedSupport) {
     const int32_t t = s.sample(state, logits).token;
     ASSERT_NE(support[t], kNegInf) << i;
     (void)state.accept(t);
+  }
+}
+
+// A constraint over a fixed allowed set, "complete" after `complete_after` tokens.
+class FixedConstraint : public TokenConstraint {
+ public:
+  FixedConstraint(std::vector<int32_t> allowed, int complete_after)
+      : allowed_(std::move(allowed)), complete_after_(complete_after) {}
+  void fill_allowed(std::span<uint64_t> bits) override {
+    for (int32_t id : allowed_) bits[id >> 6] |= uint64_t{1} << (id & 63);
+  }
+  bool accept(int32_t token) override {
+    if (std::find(allowed_.begin(), allowed_.end(), token) == allowed_.end()) return false;
+    ++n_accepted;
+    return true;
+  }
+  bool is_complete() const override { return n_accepted >= complete_after_; }
+  int n_accepted = 0;
+
+ private:
+  std::vector<int32_t> allowed_;
+  int complete_after_;
+};
+
+TEST(SamplerConstraintTest, OnlyAllowedIdsAndStopWhenComplete) {
+  // 200 ids; the model prefers 0 (eos) and 1 strongly; the constraint allows 70 and 130.
+  std::vector<float> logits(200, 0.0f);
+  logits[0] = 9.0f;
+  logits[1] = 8.0f;
+  SamplingOptions o;
+  o.temperature = 1.0f;
+  o.max_tokens = 1000;
+  o.logprobs = 2;
+  const std::vector<int32_t> eos = {0};
+  SamplingState state(make(o), {}, eos, /*unseeded_seed=*/7);
+  auto* c = new FixedConstraint({70, 130}, /*complete_after=*/3);
+  state.set_constraint(std::unique_ptr<TokenConstraint>(c));
+  Sampler sampler;
+  for (int i = 0; i < 3; ++i) {
+    SampleResult r = sampler.sample(state, logits);
+    EXPECT_TRUE(r.token == 70 || r.token == 130) << r.token;
+    // Logprobs come from the masked logits, as in vLLM: two ids share the mass.
+    EXPECT_NEAR(r.logprob, std::log(0.5), 1e-5);
+    EXPECT_FALSE(state.accept(r.token).has_value());
+  }
+  EXPECT_EQ(c->n_accepted, 3);
+  // Complete: eos (far more likely) is allowed now, and ends the sequence.
+  SampleResult r = sampler.sample(state, logits);
+  EXPECT_EQ(r.token, 0);
+  EXPECT_EQ(state.accept(r.token), FinishReason::kStop);
+  EXPECT_EQ(c->n_accepted, 3);  // stop ids do not advance the constraint
+  EXPECT_FALSE(state.constraint_broken());
+}
+
+TEST(SamplerConstraintTest, MinTokensHoldsStopIdsBackUnlessNothingElseIsAllowed) {
+  std::vector<float> logits(64, 0.0f);
+  logits[2] = 5.0f;
+  SamplingOptions o;
+  o.temperature = 0.0f;
+  o.min_tokens = 5;
+  o.max_tokens = 10;
+  const std::vector<int32_t> eos = {2};
+  {
+    SamplingState state(make(o), {}, eos);
+    state.set_constraint(std::make_unique<FixedConstraint>(std::vector<int32_t>{9}, 0));
+    Sampler sampler;
+    EXPECT_EQ(sampler.sample(state, logits).token, 9);  // complete, but min_tokens
+  }
+  {
+    // A dead end (nothing allowed, not complete): the stop id is the way out, even
+    // before min_tokens.
+    SamplingState state(make(o), {}, eos);
+    state.set_constraint(std::make_unique<FixedConstraint>(std::vector<int32_t>{}, 1));
+    Sampler sampler;
+    EXPECT_EQ(sampler.sample(state, logits).token, 2);
   }
 }
 
