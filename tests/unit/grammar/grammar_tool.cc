@@ -1,13 +1,16 @@
 // grammar_tool: the grammar engine on a real tokenizer, for the Python reference tests.
 //
-//   grammar_tool walk <tokenizer> <kind> <spec_file> <n_walks> <max_steps> <seed>
+//   grammar_tool walk <tokenizer> <kind> <spec_file> <n_prefixes> <max_steps> <seed>
 //     Random walks through the engine's own allowed sets (each step a uniformly drawn
-//     allowed token). One line per visited state:
+//     allowed token; a walk ends after max_steps tokens or when nothing is allowed),
+//     until n_prefixes states were visited. One line per visited state:
 //       <prefix ids, comma-separated or "-"> <complete 0|1> <mask: hex of the
 //       little-endian bytes of the [ceil(vocab / 64)] uint64 words>
 //     and on stderr the mean microseconds per mask (first computation and cached).
 //   grammar_tool check <kind> <spec_file>
 //     "ok", or the compile error (exit 1).
+//   grammar_tool match <kind> <spec_file> <text_file>
+//     "1" if the text is a complete match, else "0".
 // kind: json | json_object | regex | choice (spec: a JSON list of strings) | grammar.
 #include <chrono>
 #include <cstdio>
@@ -66,16 +69,29 @@ int main(int argc, char** argv) {
     printf("ok\n");
     return 0;
   }
+  if (a.size() == 4 && a[0] == "match") {
+    Result<StructuredOutputs> spec = read_spec(a[1], a[2]);
+    if (!spec.ok()) return fprintf(stderr, "%s\n", spec.status().message().c_str()), 2;
+    Result<std::shared_ptr<const grammar::Grammar>> g = grammar::compile_grammar(*spec);
+    if (!g.ok()) return fprintf(stderr, "%s\n", g.status().message().c_str()), 1;
+    std::ifstream in(a[3], std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    grammar::GrammarMatcher m(*g, std::make_shared<const grammar::TokenVocabulary>(
+                                      std::vector<std::string>{}));
+    printf("%d\n", m.accept_bytes(text.str()) && m.is_complete() ? 1 : 0);
+    return 0;
+  }
   if (a.size() != 7 || a[0] != "walk") {
-    fprintf(stderr, "usage: grammar_tool walk <tokenizer> <kind> <spec_file> <n_walks> "
-                    "<max_steps> <seed> | check <kind> <spec_file>\n");
+    fprintf(stderr, "usage: grammar_tool walk <tokenizer> <kind> <spec_file> <n_prefixes> "
+                    "<max_steps> <seed> | check <kind> <spec_file> | match <kind> <spec_file> <text_file>\n");
     return 2;
   }
   Result<std::unique_ptr<Tokenizer>> tok = Tokenizer::from_path(a[1]);
   if (!tok.ok()) return fprintf(stderr, "%s\n", tok.status().message().c_str()), 2;
   Result<StructuredOutputs> spec = read_spec(a[2], a[3]);
   if (!spec.ok()) return fprintf(stderr, "%s\n", spec.status().message().c_str()), 2;
-  const int n_walks = std::stoi(a[4]), max_steps = std::stoi(a[5]);
+  const int n_prefixes = std::stoi(a[4]), max_steps = std::stoi(a[5]);
   std::mt19937_64 rng(std::stoull(a[6]));
   grammar::StructuredOutputCompiler compiler(
       grammar::TokenVocabulary::from_tokenizer(**tok, (*tok)->vocab_size()));
@@ -84,11 +100,11 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> bits(n_words);
   double mask_us = 0;
   int64_t n_masks = 0;
-  for (int w = 0; w < n_walks; ++w) {
+  while (n_masks < n_prefixes) {
     Result<std::unique_ptr<grammar::GrammarMatcher>> m = compiler.matcher(*spec);
     if (!m.ok()) return fprintf(stderr, "%s\n", m.status().message().c_str()), 1;
     std::vector<int32_t> prefix;
-    for (int step = 0; step <= max_steps; ++step) {
+    for (int step = 0; step <= max_steps && n_masks < n_prefixes; ++step) {
       std::fill(bits.begin(), bits.end(), 0);
       const auto t0 = std::chrono::steady_clock::now();
       (*m)->fill_allowed(bits);
