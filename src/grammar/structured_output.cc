@@ -42,27 +42,29 @@ Result<std::unique_ptr<GrammarMatcher>> StructuredOutputCompiler::matcher(
   for (const std::string& c : spec.choices) {
     key += '\0' + std::to_string(c.size()) + ':' + c;
   }
-  std::shared_ptr<const Grammar> g;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) {
       lru_.splice(lru_.end(), lru_, it->second.second);
-      g = it->second.first;
+      if (!it->second.first->full()) return std::make_unique<GrammarMatcher>(it->second.first);
     }
   }
-  if (!g) {
-    DS_ASSIGN_OR_RETURN(g, compile_grammar(spec));
+  DS_ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, compile_grammar(spec));
+  auto automaton = std::make_shared<GrammarAutomaton>(std::move(g), vocab_);
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cache_.count(key) == 0) {
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      it->second.first = automaton;  // the old one was full; its matchers keep it
+    } else {
       lru_.push_back(key);
-      cache_.emplace(key, std::make_pair(g, std::prev(lru_.end())));
+      cache_.emplace(key, std::make_pair(automaton, std::prev(lru_.end())));
       while (cache_.size() > max_cached_) {
         cache_.erase(lru_.front());
         lru_.pop_front();
       }
     }
   }
-  return std::make_unique<GrammarMatcher>(g, vocab_);
+  return std::make_unique<GrammarMatcher>(std::move(automaton));
 }
 
 }  // namespace dserve::grammar

@@ -12,9 +12,10 @@
 // this before queueing). Tool calling builds its own grammar the same way: a JSON
 // schema (kJson) for a function's arguments, or GBNF text (kGrammar) for a whole call.
 //
-// Thread-safety: compile_grammar is a pure function. StructuredOutputCompiler caches
-// compiled grammars behind a mutex: matcher() may be called from any thread; each
-// matcher belongs to one sequence.
+// Thread-safety: compile_grammar is a pure function. StructuredOutputCompiler caches,
+// per spec, the compiled grammar's automaton (states, transitions and masks shared by
+// every sequence with that spec) behind a mutex: matcher() may be called from any
+// thread; each matcher belongs to one sequence.
 #pragma once
 
 #include <cstddef>
@@ -51,9 +52,9 @@ class StructuredOutputCompiler {
   std::shared_ptr<const TokenVocabulary> vocab_;
   const size_t max_cached_;
   std::mutex mu_;
-  // key -> grammar, least recently used first in lru_. GUARDED_BY(mu_)
+  // key -> automaton, least recently used first in lru_. GUARDED_BY(mu_)
   std::list<std::string> lru_;
-  std::unordered_map<std::string, std::pair<std::shared_ptr<const Grammar>,
+  std::unordered_map<std::string, std::pair<std::shared_ptr<GrammarAutomaton>,
                                             std::list<std::string>::iterator>> cache_;
 };
 

@@ -2,7 +2,9 @@
 // accepts, masks against a brute-force check of every token, and malformed input.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "grammar/gbnf_parser.h"
@@ -270,6 +272,68 @@ TEST(ChoiceTest, ExactlyOneOfTheChoices) {
   EXPECT_TRUE(matches(*g, "maybe so"));
   EXPECT_FALSE(matches(*g, "maybe"));
   EXPECT_FALSE(choice_grammar({}).ok());
+}
+
+}  // namespace
+}  // namespace dserve::grammar
+
+namespace dserve::grammar {
+namespace {
+
+// Sequences under one spec share an automaton; masks are the same whether computed
+// first by this sequence, by another, or by several threads at once.
+TEST(CompilerTest, SharedAutomatonAcrossThreads) {
+  StructuredOutputCompiler compiler(test_vocab());
+  StructuredOutputs spec;
+  spec.kind = StructuredOutputs::Kind::kJson;
+  spec.text = R"({"type": "object", "properties": {"a": {"type": "string"},
+                  "b": {"type": "array", "items": {"type": "integer"}}}, "required": ["a"]})";
+  const std::string doc = R"({"a": "é€x\"", "b": [12, 3]})";
+  const size_t n_words = (test_vocab()->size() + 63) / 64;
+  // Reference: a private automaton, byte by byte.
+  std::vector<std::vector<uint64_t>> want;
+  {
+    auto g = compile_grammar(spec);
+    ASSERT_TRUE(g.ok());
+    GrammarMatcher m(*g, test_vocab());
+    for (char c : doc) {
+      want.emplace_back(n_words, 0);
+      m.fill_allowed(want.back());
+      ASSERT_TRUE(m.accept_bytes(std::string(1, c)));
+    }
+    EXPECT_TRUE(m.is_complete());
+  }
+  auto first = compiler.matcher(spec);
+  ASSERT_TRUE(first.ok());
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 3; ++round) {
+        auto m = compiler.matcher(spec);
+        if (!m.ok() || &(*m)->automaton() != &(*first)->automaton()) {
+          ++mismatches;
+          return;
+        }
+        for (size_t i = 0; i < doc.size(); ++i) {
+          std::vector<uint64_t> bits(n_words, 0);
+          (*m)->fill_allowed(bits);
+          if (bits != want[i] || !(*m)->accept_bytes(doc.substr(i, 1))) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  StructuredOutputs other = spec;
+  other.text = R"({"type": "integer"})";
+  auto m2 = compiler.matcher(other);
+  ASSERT_TRUE(m2.ok());
+  EXPECT_NE(&(*m2)->automaton(), &(*first)->automaton());
+  other.text = "{";
+  auto bad = compiler.matcher(other);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not valid JSON"), std::string::npos);
 }
 
 }  // namespace

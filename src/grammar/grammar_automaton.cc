@@ -1,4 +1,4 @@
-#include "grammar/grammar_matcher.h"
+#include "grammar/grammar_automaton.h"
 
 #include <algorithm>
 #include <cstring>
@@ -23,8 +23,8 @@ uint64_t mix(uint64_t x) {
 
 }  // namespace
 
-GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar,
-                               std::shared_ptr<const TokenVocabulary> vocab)
+GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar,
+                                   std::shared_ptr<const TokenVocabulary> vocab)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
   trans_keys_.assign(1024, 0);
   trans_values_.assign(1024, 0);
@@ -32,23 +32,45 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar,
   scratch_accepting_ = false;
   visited_.clear();
   for (int32_t alt : grammar_->alternatives_of(grammar_->root())) expand(alt, -1);
-  current_ = intern_set();
-  if (current_ < 0) {
+  int32_t first = intern_set();
+  if (first < 0) {
     // A root that matches nothing: an empty, non-accepting state (no token allowed).
     sets_.push_back(StateSet{});
-    current_ = static_cast<int32_t>(sets_.size()) - 1;
+    first = static_cast<int32_t>(sets_.size()) - 1;
   }
+  initial_ = info(first);
   walk_.resize(static_cast<size_t>(vocab_->max_depth()) + 1);
 }
 
-int32_t GrammarMatcher::intern_node(int32_t pos, int32_t parent) {
+GrammarAutomaton::StateInfo GrammarAutomaton::info(int32_t id) const {
+  StateInfo s;
+  if (id < 0) return s;
+  s.id = id;
+  s.accepting = sets_[id].accepting;
+  s.has_stacks = !sets_[id].stacks.empty();
+  return s;
+}
+
+bool GrammarAutomaton::full() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // ~64 MiB of masks at a 129k vocabulary, or a million states.
+  return n_masks_ * static_cast<size_t>(vocab_->size()) / 8 > (size_t{64} << 20) ||
+         sets_.size() > (size_t{1} << 20);
+}
+
+size_t GrammarAutomaton::n_states() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sets_.size();
+}
+
+int32_t GrammarAutomaton::intern_node(int32_t pos, int32_t parent) {
   const uint64_t key = pair_key(pos, parent);
   auto [it, inserted] = node_ids_.emplace(key, static_cast<int32_t>(nodes_.size()));
   if (inserted) nodes_.push_back({pos, parent});
   return it->second;
 }
 
-void GrammarMatcher::expand(int32_t pos, int32_t parent) {
+void GrammarAutomaton::expand(int32_t pos, int32_t parent) {
   const auto& el = grammar_->elements();
   for (;;) {
     if (!visited_.insert(pair_key(pos, parent)).second) return;
@@ -75,7 +97,7 @@ void GrammarMatcher::expand(int32_t pos, int32_t parent) {
   }
 }
 
-int32_t GrammarMatcher::intern_set() {
+int32_t GrammarAutomaton::intern_set() {
   std::sort(scratch_.begin(), scratch_.end());
   scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
   if (scratch_.empty() && !scratch_accepting_) return -1;
@@ -91,7 +113,7 @@ int32_t GrammarMatcher::intern_set() {
   return it->second;
 }
 
-int32_t GrammarMatcher::compute_step(int32_t set, uint8_t byte) {
+int32_t GrammarAutomaton::compute_step(int32_t set, uint8_t byte) {
   scratch_.clear();
   scratch_accepting_ = false;
   visited_.clear();
@@ -104,7 +126,7 @@ int32_t GrammarMatcher::compute_step(int32_t set, uint8_t byte) {
   return intern_set();
 }
 
-int32_t GrammarMatcher::step(int32_t set, uint8_t byte) {
+int32_t GrammarAutomaton::step(int32_t set, uint8_t byte) {
   const uint64_t key = ((static_cast<uint64_t>(set) << 8) | byte) + 1;
   size_t mask = trans_keys_.size() - 1;
   size_t i = mix(key) & mask;
@@ -135,14 +157,15 @@ int32_t GrammarMatcher::step(int32_t set, uint8_t byte) {
   return next;
 }
 
-void GrammarMatcher::fill_allowed(std::span<uint64_t> allowed) {
+void GrammarAutomaton::fill_allowed(int32_t state, std::span<uint64_t> allowed) {
+  std::lock_guard<std::mutex> lock(mu_);
   const size_t n_words = (static_cast<size_t>(vocab_->size()) + 63) / 64;
   DS_CHECK(allowed.size() >= n_words);
-  if (sets_[current_].mask.empty()) {
+  if (sets_[state].mask.empty()) {
     std::vector<uint64_t> mask(n_words, 0);
     const TokenVocabulary& v = *vocab_;
-    if (!sets_[current_].stacks.empty()) {
-      walk_[0] = current_;
+    if (!sets_[state].stacks.empty()) {
+      walk_[0] = state;
       const int32_t n = v.n_nodes();
       for (int32_t i = 0; i < n;) {
         const int32_t d = v.node_depth(i);
@@ -156,27 +179,21 @@ void GrammarMatcher::fill_allowed(std::span<uint64_t> allowed) {
         ++i;
       }
     }
-    sets_[current_].mask = std::move(mask);
+    sets_[state].mask = std::move(mask);
+    ++n_masks_;
   }
-  const std::vector<uint64_t>& mask = sets_[current_].mask;
+  const std::vector<uint64_t>& mask = sets_[state].mask;
   for (size_t w = 0; w < n_words; ++w) allowed[w] |= mask[w];
 }
 
-bool GrammarMatcher::accept_bytes(std::string_view bytes) {
-  int32_t s = current_;
+GrammarAutomaton::StateInfo GrammarAutomaton::advance(int32_t state, std::string_view bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int32_t s = state;
   for (char c : bytes) {
     s = step(s, static_cast<uint8_t>(c));
-    if (s < 0) return false;
+    if (s < 0) return StateInfo{};
   }
-  current_ = s;
-  return true;
-}
-
-bool GrammarMatcher::accept(int32_t token) {
-  if (token < 0 || token >= vocab_->size()) return false;
-  const std::string& b = vocab_->bytes(token);
-  if (b.empty()) return false;
-  return accept_bytes(b);
+  return info(s);
 }
 
 }  // namespace dserve::grammar
