@@ -129,11 +129,17 @@ class Invoice(BaseModel):
 MODELS = [Answer, Color, Person, Scores, Profile, Customer, Order, Pet, Tree, Invoice]
 
 
+def served_name():
+    from conftest import REPO
+    return re.search(r"^SERVED_NAME \?= (\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
+
+
 @pytest.fixture(scope="module")
 def server(dserve_bin, default_model, tmp_path_factory):
     server_util.DEFAULT_MODEL = default_model
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with server_util.running(dserve_bin, default_model, "--max-model-len", 1024,
+                             "--served-model-name", served_name(),
                              "--max-num-seqs", 64, "--threads", 2, "--seed", 0,
                              log_path=log) as s:
         yield s
@@ -290,6 +296,20 @@ def test_constrained_output_is_the_same_alone_and_batched(server, model_id):
     alone, batched = asyncio.run(run())
     assert batched[0] == alone[0]
     assert batched[4] == alone[1]
+
+
+def test_readme_example(server):
+    """The README's structured-output curl command, as printed (but on this port)."""
+    from conftest import REPO
+    text = (REPO / "README.md").read_text()
+    section = text.split("### Structured output", 1)[1]
+    cmd = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    cmd = cmd.replace("localhost:8000", f"127.0.0.1:{server.port}")
+    r = subprocess.run(["bash", "-c", cmd.strip() + " --fail-with-body"], capture_output=True,
+                       text=True, timeout=300, check=True)
+    body = json.loads(r.stdout)
+    schema = json.loads(re.search(r'"schema": (\{.*\})\}\}\}', cmd.replace("\n", " "), re.S).group(1))
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
 
 
 @pytest.mark.parametrize("body,param,needle", [
