@@ -22,6 +22,7 @@ instead; --max-model-len is the tiny model's 256 instead of 8192.
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -146,6 +147,59 @@ def complete_all(port, prompts):
         return list(pool.map(one, prompts))
 
 
+CONSTRAINED = [
+    {"guided_choice": ["alpha", "beta", "gamma ray"]},
+    {"guided_regex": r"[a-z]{1,8}( [a-z]{1,8}){0,3}"},
+    {"guided_json": {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99}, "w": {"enum": ["x", "y"]}},
+        "required": ["n", "w"]}},
+    {"response_format": {"type": "json_object"}},
+]
+
+
+def constrained_all(port):
+    """Structured-output requests (the spec crosses to the engines as text, each engine
+    compiles it): every output must satisfy its constraint."""
+    import jsonschema
+    import openai
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    model = client.models.list().data[0].id
+    jobs = [(p, c) for p in PROMPTS[:4] for c in CONSTRAINED]
+
+    def one(job):
+        p, c = job
+        r = client.completions.create(model=model, prompt=p, max_tokens=40, temperature=0,
+                                      extra_body=c)
+        text, reason = r.choices[0].text, r.choices[0].finish_reason
+        if "guided_choice" in c:
+            assert text in c["guided_choice"], text
+        elif "guided_regex" in c:
+            assert re.fullmatch(c["guided_regex"], text), text
+        elif reason == "stop":
+            value = json.loads(text)
+            if "guided_json" in c:
+                jsonschema.validate(value, c["guided_json"])
+            assert isinstance(value, dict)
+        return text
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(one, jobs))
+
+
+@pytest.fixture(scope="module")
+def single_constrained(dserve_bin, model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("single_constrained")
+    port = free_port()
+    p = Proc([dserve_bin, "serve", model_dir, "--host", "127.0.0.1", "--port", port,
+              *source_flags(free_port(), dp=1)], tmp / "single.log")
+    try:
+        wait_healthy(p, port)
+        return constrained_all(port)
+    finally:
+        p.proc.send_signal(signal.SIGTERM)
+        p.wait(30)
+        p.reap()
+
+
 @pytest.fixture(scope="module")
 def single(dserve_bin, model_dir, tmp_path_factory):
     """The same model on one process (DP = 1): the reference outputs."""
@@ -207,7 +261,7 @@ def test_two_nodes_serve_like_one(order, dserve_bin, model_dir, single, tmp_path
         assert all(p.reap() for p in procs), "a process was left running"
 
 
-def test_two_engines_in_one_process(dserve_bin, model_dir, single, tmp_path):
+def test_two_engines_in_one_process(dserve_bin, model_dir, single, single_constrained, tmp_path):
     """--data-parallel-size 2 on one node: two engines behind one API server."""
     port = free_port()
     flags = source_flags(free_port())
@@ -221,6 +275,10 @@ def test_two_engines_in_one_process(dserve_bin, model_dir, single, tmp_path):
         assert [g["text"] for g in got] == [w["text"] for w in single]
         ok = per_engine(metrics(port), "vllm:request_success", finished_reason="length")
         assert ok["0"] > 0 and ok["1"] > 0 and ok["0"] + ok["1"] == len(PROMPTS), ok
+        before = per_engine(metrics(port), "vllm:request_success")
+        assert constrained_all(port) == single_constrained
+        after = per_engine(metrics(port), "vllm:request_success")
+        assert all(after[e] > before.get(e, 0) for e in ("0", "1")), (before, after)
         p.proc.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
     finally:
