@@ -170,7 +170,8 @@ json to_json(const SamplingOptions& o) {
     // The source text crosses; each engine compiles it against its own tokenizer.
     j["structured_outputs"] = {{"kind", static_cast<int>(o.structured_outputs->kind)},
                                {"text", o.structured_outputs->text},
-                               {"choices", o.structured_outputs->choices}};
+                               {"choices", o.structured_outputs->choices},
+                               {"schema_rules", o.structured_outputs->schema_rules}};
   } else {
     j["structured_outputs"] = nullptr;
   }
@@ -210,6 +211,12 @@ SamplingOptions sampling_options(const json& j) {
     for (const json& c : array_at(*it, "choices")) {
       if (!c.is_string()) throw BadField{"\"structured_outputs.choices\" holds a non-string"};
       so.choices.push_back(c.get<std::string>());
+    }
+    for (const json& r : array_at(*it, "schema_rules")) {
+      if (!r.is_array() || r.size() != 2 || !r[0].is_string() || !r[1].is_string()) {
+        throw BadField{"\"structured_outputs.schema_rules\" holds a non-pair"};
+      }
+      so.schema_rules.emplace_back(r[0].get<std::string>(), r[1].get<std::string>());
     }
     o.structured_outputs = std::move(so);
   }

@@ -104,15 +104,15 @@ ExprPtr naturals_between(int64_t lo, int64_t hi) {
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const json& root) : root_(root) {}
+  // Helper rules are named prefix + "_..." (the basic json_* rules are shared).
+  SchemaCompiler(const json& root, std::string prefix, GrammarBuilder* b)
+      : root_(root), prefix_(std::move(prefix)), b_(*b) {}
 
-  Result<std::shared_ptr<const Grammar>> compile() {
-    DS_RETURN_IF_ERROR(parse_gbnf_into(kBasicRules, &b_));
+  // Defines rule `name` (and its helpers) for the schema.
+  Status add(const std::string& name) {
+    if (!b_.has_rule("json_value")) DS_RETURN_IF_ERROR(parse_gbnf_into(kBasicRules, &b_));
     DS_ASSIGN_OR_RETURN(ExprPtr e, schema(root_, "#", 0));
-    DS_RETURN_IF_ERROR(b_.add_rule("root", e));
-    Result<std::shared_ptr<const Grammar>> g = b_.build("root");
-    if (!g.ok()) return invalid_argument("JSON schema: " + g.status().message());
-    return g;
+    return b_.add_rule(name, e);
   }
 
  private:
@@ -120,7 +120,9 @@ class SchemaCompiler {
     return invalid_argument("JSON schema: " + what + " at " + path);
   }
 
-  std::string new_rule_name(const std::string& base) { return base + std::to_string(++counter_); }
+  std::string new_rule_name(const std::string& base) {
+    return prefix_ + "_" + base + std::to_string(++counter_);
+  }
 
   Result<ExprPtr> ref(const std::string& target, const std::string& path) {
     if (auto it = refs_.find(target); it != refs_.end()) return rule_ref(it->second);
@@ -389,8 +391,12 @@ class SchemaCompiler {
                          required.count(it.key()) != 0});
     }
     const int id = ++counter_;
-    auto tail_name = [&](size_t k) { return "obj" + std::to_string(id) + "_tail" + std::to_string(k); };
-    auto head_name = [&](size_t k) { return "obj" + std::to_string(id) + "_head" + std::to_string(k); };
+    auto tail_name = [&](size_t k) {
+      return prefix_ + "_obj" + std::to_string(id) + "_tail" + std::to_string(k);
+    };
+    auto head_name = [&](size_t k) {
+      return prefix_ + "_obj" + std::to_string(id) + "_head" + std::to_string(k);
+    };
     const size_t n = members.size();
     DS_RETURN_IF_ERROR(b_.add_rule(tail_name(n), literal("")));
     DS_RETURN_IF_ERROR(b_.add_rule(head_name(n), literal("")));
@@ -406,7 +412,8 @@ class SchemaCompiler {
   }
 
   const json& root_;
-  GrammarBuilder b_;
+  const std::string prefix_;
+  GrammarBuilder& b_;
   std::map<std::string, std::string> refs_;
   int counter_ = 0;
 };
@@ -420,8 +427,26 @@ Result<std::shared_ptr<const Grammar>> compile_json_schema(std::string_view sche
   } catch (const std::exception& e) {
     return invalid_argument(std::string("JSON schema: not valid JSON: ") + e.what());
   }
-  SchemaCompiler c(schema);
-  return c.compile();
+  GrammarBuilder b;
+  SchemaCompiler c(schema, "root", &b);
+  DS_RETURN_IF_ERROR(c.add("root"));
+  Result<std::shared_ptr<const Grammar>> g = b.build("root");
+  if (!g.ok()) return invalid_argument("JSON schema: " + g.status().message());
+  return g;
+}
+
+Status add_json_schema_rule(std::string_view schema_json, const std::string& name,
+                            GrammarBuilder* builder) {
+  json schema;
+  try {
+    schema = json::parse(schema_json);
+  } catch (const std::exception& e) {
+    return invalid_argument("JSON schema for rule '" + name + "': not valid JSON: " + e.what());
+  }
+  SchemaCompiler c(schema, name, builder);
+  Status s = c.add(name);
+  if (!s.ok()) return invalid_argument("rule '" + name + "': " + s.message());
+  return s;
 }
 
 Result<std::shared_ptr<const Grammar>> json_object_grammar() {

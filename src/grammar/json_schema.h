@@ -30,5 +30,11 @@ namespace dserve::grammar {
 Result<std::shared_ptr<const Grammar>> compile_json_schema(std::string_view schema_json);
 // Any JSON object (response_format json_object).
 Result<std::shared_ptr<const Grammar>> json_object_grammar();
+// Defines rule `name` in `builder` as JSON valid under the schema, so that other rules
+// (GBNF text parsed into the same builder) can use it. Helper rules are named
+// `name_...`; the basic rules json_value, json_string, json_number, json_integer,
+// json_boolean, json_null, json_array, json_object are added once and shared.
+Status add_json_schema_rule(std::string_view schema_json, const std::string& name,
+                            GrammarBuilder* builder);
 
 }  // namespace dserve::grammar

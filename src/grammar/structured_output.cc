@@ -29,8 +29,17 @@ Result<std::shared_ptr<const Grammar>> compile_grammar(const StructuredOutputs& 
     }
     case StructuredOutputs::Kind::kChoice:
       return choice_grammar(spec.choices);
-    case StructuredOutputs::Kind::kGrammar:
-      return parse_gbnf(spec.text);
+    case StructuredOutputs::Kind::kGrammar: {
+      if (spec.schema_rules.empty()) return parse_gbnf(spec.text);
+      GrammarBuilder b;
+      for (const auto& [name, schema] : spec.schema_rules) {
+        DS_RETURN_IF_ERROR(add_json_schema_rule(schema, name, &b));
+      }
+      DS_RETURN_IF_ERROR(parse_gbnf_into(spec.text, &b));
+      Result<std::shared_ptr<const Grammar>> g = b.build("root");
+      if (!g.ok()) return invalid_argument("grammar: " + g.status().message());
+      return g;
+    }
   }
   return invalid_argument("unknown structured output kind");
 }
@@ -41,6 +50,10 @@ Result<std::unique_ptr<GrammarMatcher>> StructuredOutputCompiler::matcher(
   key += spec.text;
   for (const std::string& c : spec.choices) {
     key += '\0' + std::to_string(c.size()) + ':' + c;
+  }
+  for (const auto& [name, schema] : spec.schema_rules) {
+    key += '\1' + std::to_string(name.size()) + ':' + name + std::to_string(schema.size()) + ':' +
+           schema;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

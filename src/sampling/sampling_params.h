@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -38,6 +39,11 @@ struct StructuredOutputs {
   // kJson: the JSON schema as JSON text; kRegex: the pattern; kGrammar: GBNF text.
   std::string text;
   std::vector<std::string> choices;  // kChoice: the output is exactly one of these
+  // kGrammar: rules the grammar text may use, each defined as JSON valid under a schema:
+  // (rule name, schema as JSON text). Tool calling writes e.g.
+  //   root ::= "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " args "}\n</tool_call>"
+  // with schema_rules {{"args", <the function's parameters schema>}}.
+  std::vector<std::pair<std::string, std::string>> schema_rules;
   bool operator==(const StructuredOutputs&) const = default;
 };
 

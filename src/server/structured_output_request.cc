@@ -136,22 +136,22 @@ std::optional<ApiError> read_structured_outputs(const json& body, SamplingOption
     if (auto e = structured_outputs(*so, &found)) return e;
   }
   if (const json* v = get("guided_json")) {
-    Found f{{Kind::kJson, "", {}}, "guided_json"};
+    Found f{{Kind::kJson, "", {}, {}}, "guided_json"};
     if (auto e = schema_text(*v, f.param, &f.spec.text)) return e;
     found.push_back(std::move(f));
   }
   if (const json* v = get("guided_regex")) {
-    Found f{{Kind::kRegex, "", {}}, "guided_regex"};
+    Found f{{Kind::kRegex, "", {}, {}}, "guided_regex"};
     if (auto e = text(*v, f.param, &f.spec.text)) return e;
     found.push_back(std::move(f));
   }
   if (const json* v = get("guided_choice")) {
-    Found f{{Kind::kChoice, "", {}}, "guided_choice"};
+    Found f{{Kind::kChoice, "", {}, {}}, "guided_choice"};
     if (auto e = choices(*v, f.param, &f.spec.choices)) return e;
     found.push_back(std::move(f));
   }
   if (const json* v = get("guided_grammar")) {
-    Found f{{Kind::kGrammar, "", {}}, "guided_grammar"};
+    Found f{{Kind::kGrammar, "", {}, {}}, "guided_grammar"};
     if (auto e = text(*v, f.param, &f.spec.text)) return e;
     found.push_back(std::move(f));
   }

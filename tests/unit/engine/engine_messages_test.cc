@@ -57,7 +57,7 @@ TEST(EngineMessages, AddCarriesEverySamplingOption) {
   o.min_tokens = 2;
   o.logprobs = 5;
   o.prompt_logprobs = 0;
-  o.structured_outputs = StructuredOutputs{StructuredOutputs::Kind::kChoice, "", {"y\xc3\xa9s", ""}};
+  o.structured_outputs = StructuredOutputs{StructuredOutputs::Kind::kChoice, "", {"y\xc3\xa9s", ""}, {}};
   Add b = round_trip(a);
   EXPECT_EQ(b.engine, 3);
   EXPECT_EQ(b.ticket, a.ticket);
@@ -81,7 +81,10 @@ TEST(EngineMessages, AddCarriesEverySamplingOption) {
   EXPECT_EQ(b.options.prompt_logprobs, 0);
   EXPECT_EQ(b.options.structured_outputs, o.structured_outputs);
   a.options.structured_outputs =
-      StructuredOutputs{StructuredOutputs::Kind::kJson, R"({"type": "object"})", {}};
+      StructuredOutputs{StructuredOutputs::Kind::kJson, R"({"type": "object"})", {}, {}};
+  EXPECT_EQ(round_trip(a).options.structured_outputs, a.options.structured_outputs);
+  a.options.structured_outputs = StructuredOutputs{
+      StructuredOutputs::Kind::kGrammar, "root ::= args", {}, {{"args", R"({"type": "object"})"}}};
   EXPECT_EQ(round_trip(a).options.structured_outputs, a.options.structured_outputs);
 
   Add unset;
@@ -218,6 +221,10 @@ TEST(EngineMessages, MalformedMessagesAreErrors) {
              "holds a non-string");
   expect_bad(with("\"structured_outputs\":null", "\"structured_outputs\":{\"kind\":0}"),
              "missing field \"text\"");
+  expect_bad(with("\"structured_outputs\":null",
+                  "\"structured_outputs\":{\"kind\":4,\"text\":\"\",\"choices\":[],"
+                  "\"schema_rules\":[[\"a\"]]}"),
+             "holds a non-pair");
 }
 
 // Truncations and byte flips of valid messages decode or fail cleanly.

@@ -336,5 +336,26 @@ TEST(CompilerTest, SharedAutomatonAcrossThreads) {
   EXPECT_NE(bad.status().message().find("not valid JSON"), std::string::npos);
 }
 
+// The tool-calling shape: literal text around JSON-schema rules inside GBNF.
+TEST(CompilerTest, GrammarWithSchemaRules) {
+  StructuredOutputs spec;
+  spec.kind = StructuredOutputs::Kind::kGrammar;
+  spec.text = R"(root ::= call | call "\n" root
+call ::= "<tool_call>{\"name\": \"f\", \"arguments\": " f_args "}</tool_call>" | "<tool_call>{\"name\": \"g\", \"arguments\": " g_args "}</tool_call>")";
+  spec.schema_rules = {{"f_args", R"({"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})"},
+                       {"g_args", R"({"type": "object", "properties": {"s": {"enum": ["a", "b"]}, "t": {"type": "object", "properties": {"u": {"type": "boolean"}}}}, "required": ["s"]})"}};
+  auto g = compile_grammar(spec);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(matches(*g, R"(<tool_call>{"name": "f", "arguments": {"x": -3}}</tool_call>)"));
+  EXPECT_TRUE(matches(*g, "<tool_call>{\"name\": \"g\", \"arguments\": {\"s\": \"b\", \"t\": {\"u\": true}}}</tool_call>\n"
+                          "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>"));
+  EXPECT_FALSE(matches(*g, R"(<tool_call>{"name": "f", "arguments": {"s": "a"}}</tool_call>)"));
+  EXPECT_FALSE(matches(*g, R"(<tool_call>{"name": "h", "arguments": {}}</tool_call>)"));
+  spec.schema_rules[1].second = "{";
+  auto bad = compile_grammar(spec);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("rule 'g_args'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dserve::grammar
