@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace dserve::server {
@@ -50,7 +52,9 @@ TEST(OpenAiProtocol, EveryFieldRejectsOrAcceptsEveryValueWithoutCrashing) {
       "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop", "seed", "logprobs",
       "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty",
       "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "best_of", "suffix", "tools",
-      "tool_choice", "response_format", "chat_template_kwargs", "unknown_field"};
+      "tool_choice", "response_format", "chat_template_kwargs", "unknown_field",
+      "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+      "guided_decoding_backend"};
   int n_errors = 0;
   for (const std::string& f : fields) {
     for (const json& v : kOddValues) {
@@ -70,6 +74,47 @@ TEST(OpenAiProtocol, EveryFieldRejectsOrAcceptsEveryValueWithoutCrashing) {
   EXPECT_GT(n_errors, 300);
   EXPECT_TRUE(std::holds_alternative<ApiError>(parse_completion_request(json::array())));
   EXPECT_TRUE(std::holds_alternative<ApiError>(parse_chat_request("text")));
+}
+
+TEST(OpenAiProtocol, StructuredOutputFields) {
+  const json chat = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto spec_of = [](const auto& parsed) -> std::optional<StructuredOutputs> {
+    if (std::holds_alternative<ApiError>(parsed)) {
+      ADD_FAILURE() << std::get<ApiError>(parsed).message;
+      return std::nullopt;
+    }
+    return std::visit([](const auto& r) -> std::optional<StructuredOutputs> {
+      if constexpr (std::is_same_v<std::decay_t<decltype(r)>, ApiError>) {
+        return std::nullopt;
+      } else {
+        return r.sampling.structured_outputs;
+      }
+    }, parsed);
+  };
+  json a = chat;
+  a["response_format"] = {{"type", "json_schema"},
+                          {"json_schema", {{"name", "x"}, {"strict", true},
+                                           {"schema", {{"type", "integer"}}}}}};
+  auto s = spec_of(parse_chat_request(a));
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->kind, StructuredOutputs::Kind::kJson);
+  EXPECT_EQ(json::parse(s->text), json({{"type", "integer"}}));
+  a["response_format"] = {{"type", "text"}};
+  EXPECT_FALSE(spec_of(parse_chat_request(a)).has_value());
+  a["response_format"] = {{"type", "json_object"}};
+  EXPECT_EQ(spec_of(parse_chat_request(a))->kind, StructuredOutputs::Kind::kJsonObject);
+  json c = {{"model", "m"}, {"prompt", "hi"}, {"guided_choice", {"a", "b"}}};
+  auto cs = spec_of(parse_completion_request(c));
+  ASSERT_TRUE(cs.has_value());
+  EXPECT_EQ(cs->kind, StructuredOutputs::Kind::kChoice);
+  EXPECT_EQ(cs->choices, (std::vector<std::string>{"a", "b"}));
+  c.erase("guided_choice");
+  c["structured_outputs"] = {{"grammar", "root ::= \"x\""}, {"disable_any_whitespace", true}};
+  EXPECT_EQ(spec_of(parse_completion_request(c))->kind, StructuredOutputs::Kind::kGrammar);
+  c["guided_regex"] = "x";
+  auto both = parse_completion_request(c);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(both));
+  EXPECT_NE(std::get<ApiError>(both).message.find("only one kind"), std::string::npos);
 }
 
 TEST(OpenAiProtocol, BadValuesNameTheirField) {
