@@ -512,7 +512,10 @@ std::string Grammar::to_string() const {
             return std::string(buf);
           };
           out += show(c);
-          if (d > c) out += "-" + show(d);
+          if (d > c) {
+            out += '-';
+            out += show(d);
+          }
           c = d;
         }
         out += "]";

@@ -95,7 +95,11 @@ ExprPtr naturals_between(int64_t lo, int64_t hi) {
   }
   const std::string his = std::to_string(hi);
   for (size_t n = los.size(); n <= his.size(); ++n) {
-    const std::string a = n == los.size() ? los : "1" + std::string(n - 1, '0');
+    std::string a = los;
+    if (n != los.size()) {
+      a.assign(n, '0');
+      a[0] = '1';
+    }
     const std::string b = n == his.size() ? his : std::string(n, '9');
     if (a <= b) alts.push_back(digits_between(a, b));
   }

@@ -111,7 +111,10 @@ int main(int argc, char** argv) {
       mask_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       ++n_masks;
       std::string line;
-      for (size_t i = 0; i < prefix.size(); ++i) line += (i ? "," : "") + std::to_string(prefix[i]);
+      for (size_t i = 0; i < prefix.size(); ++i) {
+        if (i > 0) line += ',';
+        line += std::to_string(prefix[i]);
+      }
       if (line.empty()) line = "-";
       line += (*m)->is_complete() ? " 1 " : " 0 ";
       static const char* hex = "0123456789abcdef";
