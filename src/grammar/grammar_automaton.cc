@@ -53,8 +53,8 @@ GrammarAutomaton::StateInfo GrammarAutomaton::info(int32_t id) const {
 
 bool GrammarAutomaton::full() const {
   std::lock_guard<std::mutex> lock(mu_);
-  // ~64 MiB of masks at a 129k vocabulary, or a million states.
-  return n_masks_ * static_cast<size_t>(vocab_->size()) / 8 > (size_t{64} << 20) ||
+  // 16 MiB of cached masks (~1,000 states at a 129k vocabulary), or a million states.
+  return n_masks_ * static_cast<size_t>(vocab_->size()) / 8 > (size_t{16} << 20) ||
          sets_.size() > (size_t{1} << 20);
 }
 

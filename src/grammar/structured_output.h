@@ -39,8 +39,10 @@ Result<std::shared_ptr<const Grammar>> choice_grammar(const std::vector<std::str
 
 class StructuredOutputCompiler {
  public:
+  // max_cached: distinct specs whose automata are kept (each holds at most ~16 MiB of
+  // masks, GrammarAutomaton::full()), least recently used dropped first.
   explicit StructuredOutputCompiler(std::shared_ptr<const TokenVocabulary> vocab,
-                                    size_t max_cached = 256)
+                                    size_t max_cached = 64)
       : vocab_(std::move(vocab)), max_cached_(max_cached) {}
   StructuredOutputCompiler(const StructuredOutputCompiler&) = delete;
   StructuredOutputCompiler& operator=(const StructuredOutputCompiler&) = delete;

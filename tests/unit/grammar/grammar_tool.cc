@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
         if (i > 0) line += ',';
         line += std::to_string(prefix[i]);
       }
-      if (line.empty()) line = "-";
+      if (line.empty()) line.push_back('-');
       line += (*m)->is_complete() ? " 1 " : " 0 ";
       static const char* hex = "0123456789abcdef";
       for (uint64_t word : bits) {
