@@ -118,8 +118,15 @@ class ConnectionImpl final : public Connection,
     });
   }
 
-  void stop() override {
-    net::post(stream_.get_executor(), [self = this->shared_from_this()] { self->close_now(); });
+  void stop(bool graceful) override {
+    net::post(stream_.get_executor(), [self = this->shared_from_this(), graceful] {
+      if (graceful && self->phase_ == Phase::kHandling) {
+        self->close_after_ = true;
+        self->keep_alive_ = false;
+      } else {
+        self->close_now();
+      }
+    });
   }
 
   // HttpExchange's calls, from any thread.

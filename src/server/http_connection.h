@@ -33,8 +33,10 @@ class ConnectionHost;
 class Connection {
  public:
   virtual ~Connection() = default;
-  // Closes the connection (from any thread); a request being handled sees its client gone.
-  virtual void stop() = 0;
+  // From any thread. Graceful: closes the connection unless a request is being handled,
+  // whose response then closes it. Otherwise at once: a request being handled sees its
+  // client gone.
+  virtual void stop(bool graceful) = 0;
 };
 
 // Starts serving `socket` (whose executor is a strand). `tls` null: plain HTTP.

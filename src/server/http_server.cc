@@ -155,6 +155,7 @@ class HttpServer::Impl final : public ConnectionHost {
   Status listen();
   Status load_tls();
   void raise_fd_limit();
+  void stop_connections(bool graceful);
   void accept();
   void on_accept(error_code ec, tcp::socket socket);
   void refuse_connection(tcp::socket socket);
@@ -291,27 +292,34 @@ Status HttpServer::Impl::run() {
     std::unique_lock<std::mutex> lock(mu_);
     stop_cv_.wait(lock, [&] { return stop_requested_; });
   }
-  // Stop: no more connections; the open ones are closed (their requests see the client
-  // gone); the POSTs still running get a few seconds to notice.
+  // Stop: no more connections; idle ones close now, those with a request close once its
+  // response is written; the POSTs still running get a few seconds to finish (the
+  // engine has aborted what the shutdown timeout left), then every connection closes.
   net::post(acceptor_.get_executor(), [this] {
     error_code ignored;
     acceptor_.close(ignored);
     accept_retry_.cancel();
   });
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& w : connections_) {
-      if (std::shared_ptr<Connection> c = w.lock()) c->stop();
-    }
-    connections_.clear();
-  }
+  stop_connections(/*graceful=*/true);
   if (!workers_.shutdown(std::chrono::seconds(5))) {
     DS_LOG_WARN("HTTP workers still busy at shutdown");
   }
+  const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (n_connections_.load() > 0 && std::chrono::steady_clock::now() < flush_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  stop_connections(/*graceful=*/false);
   work.reset();
   ioc_.stop();
   for (std::thread& t : io_threads) t.join();
   return started;
+}
+
+void HttpServer::Impl::stop_connections(bool graceful) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : connections_) {
+    if (std::shared_ptr<Connection> c = w.lock()) c->stop(graceful);
+  }
 }
 
 void HttpServer::Impl::stop() {
