@@ -88,7 +88,7 @@ int WorkerPool::n_threads() const {
 
 int WorkerPool::n_busy() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return n_threads_ - n_idle_;
+  return n_threads_ - n_idle_ + static_cast<int>(tasks_.size());  // queued tasks have a thread
 }
 
 }  // namespace dserve::server
