@@ -143,6 +143,12 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
 
 namespace {
 
+Status thread_error(const char* what, const std::system_error& e) {
+  return Status(StatusCode::kResourceExhausted,
+                std::string("cannot create ") + what + " (" + e.what() +
+                    "): the process or container limits threads (RLIMIT_NPROC, pids.max)");
+}
+
 // Flags that name something dserve cannot do yet fail instead of being ignored.
 Status check_unbuilt(const ServeOptions& o) {
   auto unbuilt = [](const std::string& what) {
@@ -367,7 +373,7 @@ int run_serve(ServeOptions o) {
   // it waits); a second one exits at once.
   std::thread drain_thread;
   std::atomic<bool> serving_stopped{false};
-  std::thread signal_thread([&] {
+  auto on_signals = [&] {
     int sig = 0;
     sigwait(&signals, &sig);
     if (sig == 0 || serving_stopped.load()) return;  // woken by ourselves at exit
@@ -398,12 +404,20 @@ int run_serve(ServeOptions o) {
     DS_LOG_WARN("second signal {}: exiting now", sig);
     std::fflush(nullptr);
     std::_Exit(128 + sig);
-  });
+  };
+  // A thread that cannot be made (RLIMIT_NPROC, a container's pids.max) is a clear
+  // start-up error, never a hang.
+  std::thread signal_thread;
+  try {
+    signal_thread = std::thread(on_signals);
+  } catch (const std::system_error& e) {
+    return report_error(thread_error("the signal-handling thread", e));
+  }
   // A failed engine (with tensor parallelism: a rank died) cannot recover: /health says
   // 503 for a moment so probes see it, then the server shuts down with an error.
   std::atomic<bool> engine_failed{false};
   std::atomic<bool> serving_done{false};
-  std::thread health_thread([&] {
+  auto watch_health = [&] {
     while (!serving_done.load()) {
       if (!engine.healthy()) {
         engine_failed = true;
@@ -414,10 +428,17 @@ int run_serve(ServeOptions o) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-  });
-  Status s = http.run();
+  };
+  std::thread health_thread;
+  Status s = Status::Ok();
+  try {
+    health_thread = std::thread(watch_health);
+  } catch (const std::system_error& e) {
+    s = thread_error("the health-watching thread", e);
+  }
+  if (s.ok()) s = http.run();
   serving_done = true;
-  health_thread.join();
+  if (health_thread.joinable()) health_thread.join();
   // The signal thread waits for a (first or second) signal: wake it with one.
   serving_stopped = true;
   pthread_kill(signal_thread.native_handle(), SIGTERM);

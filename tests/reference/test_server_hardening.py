@@ -10,6 +10,7 @@ seconds.
 import concurrent.futures as cf
 import json
 import os
+import pathlib
 import resource
 import signal
 import socket
@@ -205,6 +206,37 @@ def test_draining_health_is_503_and_second_sigterm_exits(dserve_bin, default_mod
         if s.proc.poll() is None:
             s.proc.kill()
             s.proc.wait()
+
+
+# 3. Threads that cannot be made (RLIMIT_NPROC, a container's pids.max): one clear
+# error and an exit, wherever in start-up it happens, never a hang.
+def test_thread_limit_is_a_clear_start_up_error(dserve_bin, default_model):
+    import shutil
+    import tempfile
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("prlimit"):
+        pytest.skip("needs root to run the server as another user (root ignores RLIMIT_NPROC)")
+    with tempfile.TemporaryDirectory() as d:  # pytest's tmp_path is private to root
+        model = pathlib.Path(d) / default_model.name
+        shutil.copy(default_model, model)
+        os.chmod(d, 0o755)
+        model.chmod(0o644)
+        check_thread_limits(dserve_bin, model)
+
+
+def check_thread_limits(dserve_bin, model):
+    if not os.access(dserve_bin, os.X_OK) or not all(
+            os.stat(d).st_mode & 0o001 for d in pathlib.Path(dserve_bin).parents):
+        pytest.skip("the dserve binary is not reachable by another user")
+    for nproc in (2, 3, 5, 8):  # failing in main, in serve, in the workers, in I/O
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "prlimit", f"--nproc={nproc}", str(dserve_bin), "serve", str(model),
+                            "--port", str(server_util.free_port()), "--threads", "1",
+                            "--host", "127.0.0.1"],
+                           capture_output=True, text=True, timeout=120)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("dserve: error:")]
+        assert r.returncode != 0 and len(errors) == 1, (nproc, r.stderr[-2000:])
+        if nproc >= 3:  # past the engine's own threads: the server's, named
+            assert "cannot create" in errors[0] and "RLIMIT_NPROC" in errors[0], errors
 
 
 @pytest.mark.parametrize("value", ["9.3e9", "-1", "inf"])
