@@ -72,7 +72,6 @@ class ExchangeImpl final : public HttpExchange {
   void begin_stream(HttpResponse head) override { conn_->post_response(std::move(head), true); }
   bool write_chunk(std::string data) override {
     const size_t n = data.size();
-    if (n == 0) return !flow->closed;
     if (!flow->reserve(n)) return false;
     conn_->post_chunk(std::move(data));
     return true;
@@ -180,6 +179,7 @@ class ConnectionImpl final : public Connection,
   }
 
   void next_request() {
+    if (peer_done_ && in_.size() == 0) return close_now();
     parser_ = std::make_unique<HttpRequestParser>(host_.limits());
     phase_ = Phase::kIdle;
     arm(host_.keep_alive_timeout());
@@ -301,7 +301,10 @@ class ConnectionImpl final : public Connection,
       return;
     }
     const HttpRequest& req = exchange_->request;
-    keep_alive_ = req.keep_alive && !close_after_ && !host_.draining() && !peer_done_;
+    // A client that half-closed after pipelining still gets the responses to what it
+    // sent (next_request closes once the buffer is empty).
+    keep_alive_ = req.keep_alive && !close_after_ && !host_.draining() &&
+                  !(peer_done_ && in_.size() == 0);
     chunked_ = stream && req.version >= 11;
     if (stream && !chunked_) keep_alive_ = false;  // HTTP/1.0: the body ends at the close
     const auto reason = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(r.status)));

@@ -434,14 +434,18 @@ def test_pipelined_requests_are_answered_in_order(server):
     c.close()
 
 
-def test_half_closed_client_gets_its_response(server):
+def test_half_closed_client_gets_its_responses(server):
     c = connect(server)
     tok = json.dumps({"prompt": "Hello world"}).encode()
     c.sendall(b"POST /tokenize HTTP/1.1\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n%s" % (len(tok), tok))
+              b"Content-Length: %d\r\n\r\n%sGET /version HTTP/1.1\r\n\r\n" % (len(tok), tok))
     c.shutdown(socket.SHUT_WR)
-    status, _, body = read_response(c.makefile("rb"))
+    f = c.makefile("rb")
+    status, _, body = read_response(f)
     assert status == 200 and json.loads(body)["count"] >= 2
+    status, _, body = read_response(f)
+    assert status == 200 and "version" in json.loads(body)
+    assert f.read() == b""  # then closed
     c.close()
 
 
