@@ -369,6 +369,30 @@ def test_abandoned_request_is_aborted(server, stream):
     assert sample(server, "vllm:num_requests_running") == 0
 
 
+def test_abandoned_queued_request_is_aborted_before_it_runs(dserve_bin, default_model, tmp_path):
+    with server_util.running(dserve_bin, default_model, "--max-num-seqs", 1,
+                             log_path=tmp_path / "s.log") as s:
+        def post(body):
+            c = connect(s)
+            data = json.dumps(body).encode()
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+            return c
+        running = post({**LONG, "stream": True})
+        assert wait_for(lambda: sample(s, "vllm:num_requests_running") == 1)
+        for stream in (False, True):
+            queued = post({**LONG, "stream": stream})
+            assert wait_for(lambda: sample(s, "vllm:num_requests_waiting") == 1)
+            aborted = sample(s, "vllm:request_success", finished_reason="abort")
+            queued.close()
+            assert wait_for(lambda: sample(s, "vllm:request_success", finished_reason="abort")
+                            == aborted + 1, timeout=5)
+            # (the gauges move with the engine's next stats, just after the count)
+            assert wait_for(lambda: sample(s, "vllm:num_requests_waiting") == 0, timeout=5)
+            assert sample(s, "vllm:num_requests_running") == 1  # the other one runs on
+        running.close()
+
+
 # 8. Load shedding: beyond the waiting limit, 503 with Retry-After at once.
 def test_overload_beyond_max_waiting_requests_is_503(dserve_bin, default_model, tmp_path):
     n_waiting, k = 2, 3
@@ -394,9 +418,10 @@ def test_overload_beyond_max_waiting_requests_is_503(dserve_bin, default_model, 
         refused = [h for _, st, h in results if st == 503]
         assert len(refused) == k and all(h.get("retry-after") for h in refused), results
         assert sorted(st for _, st, _ in results) == [200] * (1 + n_waiting) + [503] * k
-        t = time.perf_counter()
-        assert request(s, "GET", "/health")[0] == 200
-        assert time.perf_counter() - t < 0.5
+        for path in ("/health", "/metrics"):  # answered ahead of the inference work
+            t = time.perf_counter()
+            assert request(s, "GET", path)[0] == 200
+            assert time.perf_counter() - t < 0.5, path
         assert sample(s, "dserve:http_requests_rejected",
                       reason="max_waiting_requests") == k
         # Beyond --max-connections: 503 before reading anything.
