@@ -83,6 +83,13 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   cmd->add_option("--reasoning-parser", o->reasoning_parser,
                   "split reasoning into reasoning_content: deepseek_r1")
       ->check(CLI::IsMember({"deepseek_r1"}));
+  cmd->add_flag("--enable-auto-tool-choice", o->enable_auto_tool_choice,
+                "let the model call tools on its own (tool_choice \"auto\"); needs "
+                "--tool-call-parser");
+  cmd->add_option("--tool-call-parser", o->tool_call_parser,
+                  "the model's tool-call format: deepseek_v3 / deepseek_r1, deepseek_v31, hermes "
+                  "(Qwen2.5, SmolLM)")
+      ->check(CLI::IsMember(server::tool_call_parser_names()));
   cmd->add_flag("--trust-remote-code", o->trust_remote_code,
                 "accepted for vLLM compatibility; dserve never runs model code");
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout,
@@ -250,6 +257,9 @@ int run_serve(ServeOptions o) {
   }
   if (!set_log_format(o.log_format)) return report_error(invalid_argument("--log-format " + o.log_format));
   if (Status s = check_unbuilt(o); !s.ok()) return report_error(s);
+  if (o.enable_auto_tool_choice && o.tool_call_parser.empty()) {
+    return report_error(invalid_argument("--enable-auto-tool-choice requires --tool-call-parser"));
+  }
   o.dp.enable_expert_parallel = o.tp.expert_parallel;
   if (Status s = validate_data_parallel(&o.dp, o.tp.size); !s.ok()) return report_error(s);
   std::unique_ptr<server::AuditLog> audit_log;
@@ -338,6 +348,7 @@ int run_serve(ServeOptions o) {
   sc.served_model_names = o.served_model_name;
   sc.model_path = model_path;
   sc.reasoning_deepseek_r1 = o.reasoning_parser == "deepseek_r1";
+  if (o.enable_auto_tool_choice) sc.auto_tool_call_format = server::tool_call_format(o.tool_call_parser);
   sc.tokenizer_info = {template_source.bos_token, template_source.eos_token,
                        template_source.source};
   server::ChatRenderer render_chat;

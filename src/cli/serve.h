@@ -41,6 +41,8 @@ struct ServeOptions {
   bool enable_prefix_caching = true;
   std::string chat_template;
   std::string reasoning_parser;
+  bool enable_auto_tool_choice = false;
+  std::string tool_call_parser;  // deepseek_v3, deepseek_r1, deepseek_v31, hermes
   bool trust_remote_code = false;
   double shutdown_timeout = 30.0;
   size_t max_body_bytes = size_t{32} << 20;

@@ -161,6 +161,7 @@ json to_json(const SamplingOptions& o) {
             {"stop_token_ids", o.stop_token_ids},
             {"include_stop_str_in_output", o.include_stop_str_in_output},
             {"ignore_eos", o.ignore_eos},
+            {"skip_special_tokens", o.skip_special_tokens},
             {"max_tokens", o.max_tokens},
             {"min_tokens", o.min_tokens}};
   j["seed"] = o.seed ? json(*o.seed) : json(nullptr);
@@ -186,6 +187,7 @@ SamplingOptions sampling_options(const json& j) {
   o.stop_token_ids = integers_at<int32_t>(j, "stop_token_ids");
   o.include_stop_str_in_output = bool_at(j, "include_stop_str_in_output");
   o.ignore_eos = bool_at(j, "ignore_eos");
+  o.skip_special_tokens = bool_at(j, "skip_special_tokens");
   o.max_tokens = integer_at<int>(j, "max_tokens");
   o.min_tokens = integer_at<int>(j, "min_tokens");
   o.logprobs = optional_integer_at<int>(j, "logprobs");

@@ -16,7 +16,7 @@ namespace dserve {
 class OutputText {
  public:
   OutputText(const Tokenizer& tokenizer, const SamplingOptions& options)
-      : decoder_(tokenizer),
+      : decoder_(tokenizer, options.skip_special_tokens),
         stops_(options.stop, options.include_stop_str_in_output),
         include_stop_token_(options.include_stop_str_in_output) {}
 

@@ -44,6 +44,7 @@ struct SamplingOptions {
   std::vector<int32_t> stop_token_ids = {};
   bool include_stop_str_in_output = false;  // return the matched stop string too
   bool ignore_eos = false;                  // do not stop at the model's end-of-sequence ids
+  bool skip_special_tokens = true;          // leave special tokens out of the output text
   int max_tokens = 16;                      // >= 1
   int min_tokens = 0;                       // [0, max_tokens]; stop ids masked until reached
   std::optional<int> logprobs = {};         // [0, kMaxLogprobs] alternatives; none: no logprobs

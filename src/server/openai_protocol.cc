@@ -120,7 +120,7 @@ void read_common(FieldReader& f, const json& body, GenerationRequest& r) {
   f.integer("min_tokens", &s.min_tokens);
   f.boolean("ignore_eos", &s.ignore_eos);
   f.boolean("include_stop_str_in_output", &s.include_stop_str_in_output);
-  f.boolean("skip_special_tokens", &r.skip_special_tokens);
+  f.boolean("skip_special_tokens", &s.skip_special_tokens);
   f.boolean("stream", &r.stream);
   if (const json* so = f.get("stream_options")) {
     if (!so->is_object()) {
@@ -268,6 +268,100 @@ Parsed<CompletionRequest> parse_completion_request(const json& body) {
   return r;
 }
 
+namespace {
+
+// `tools`, `tool_choice` and `parallel_tool_calls`, with vLLM's rules: tools without a
+// tool_choice mean "auto"; "required" or a named function need tools, and the name must
+// be one of them; "required" with an empty list is "none" (OpenAI's behaviour).
+void read_tools(FieldReader& f, ChatRequest& r) {
+  f.boolean("parallel_tool_calls", &r.parallel_tool_calls);
+  const json* tools = f.get("tools");
+  if (tools) {
+    if (!tools->is_array()) return f.fail("tools must be a list", "tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+          !t["function"].is_object()) {
+        return f.fail(where + " must be {\"type\": \"function\", \"function\": {...}}", "tools");
+      }
+      const json& fn = t["function"];
+      if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty()) {
+        return f.fail(where + ".function.name must be a non-empty string", "tools");
+      }
+      if (fn.contains("parameters") && !fn["parameters"].is_null() &&
+          !fn["parameters"].is_object()) {
+        return f.fail(where + ".function.parameters must be a JSON schema object", "tools");
+      }
+      if (fn.contains("description") && !fn["description"].is_null() &&
+          !fn["description"].is_string()) {
+        return f.fail(where + ".function.description must be a string", "tools");
+      }
+    }
+    r.tools = *tools;
+  }
+  const json* tc = f.get("tool_choice");
+  if (!tc) {
+    r.tool_choice = tools && !tools->empty() ? ToolChoice::kAuto : ToolChoice::kNone;
+    return;
+  }
+  const char* usage = "tool_choice must be \"none\", \"auto\", \"required\" or "
+                      "{\"type\": \"function\", \"function\": {\"name\": NAME}}";
+  if (tc->is_string()) {
+    const std::string s = tc->get<std::string>();
+    if (s == "none") {
+      r.tool_choice = ToolChoice::kNone;
+      return;
+    }
+    if (s == "auto") {
+      r.tool_choice = ToolChoice::kAuto;
+    } else if (s == "required") {
+      r.tool_choice = ToolChoice::kRequired;
+    } else {
+      return f.fail(usage, "tool_choice");
+    }
+  } else if (tc->is_object()) {
+    const json* fn = tc->contains("function") ? &(*tc)["function"] : nullptr;
+    if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+      return f.fail(usage, "tool_choice");
+    }
+    r.tool_choice = ToolChoice::kFunction;
+    r.tool_choice_function = (*fn)["name"].get<std::string>();
+  } else {
+    return f.fail(usage, "tool_choice");
+  }
+  if (!tools) return f.fail("When using `tool_choice`, `tools` must be set.", "tool_choice");
+  if (r.tool_choice == ToolChoice::kRequired && tools->empty()) {
+    r.tool_choice = ToolChoice::kNone;
+    return;
+  }
+  if (r.tool_choice == ToolChoice::kFunction) {
+    for (const json& t : *tools) {
+      if (t["function"]["name"] == r.tool_choice_function) return;
+    }
+    f.fail("The tool specified in `tool_choice` does not match any of the specified `tools`",
+           "tool_choice");
+  }
+}
+
+// An assistant message's tool_calls: [{id, type: "function", function: {name, arguments}}].
+std::optional<std::string> check_tool_calls(const json& calls) {
+  if (!calls.is_array()) return "tool_calls must be a list";
+  for (const json& c : calls) {
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) {
+      return "each tool call must be {\"id\", \"type\": \"function\", \"function\": {...}}";
+    }
+    const json& fn = c["function"];
+    if (!fn.contains("name") || !fn["name"].is_string()) return "a tool call's function.name must be a string";
+    if (fn.contains("arguments") && !fn["arguments"].is_string() && !fn["arguments"].is_object()) {
+      return "a tool call's function.arguments must be a JSON string";
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Parsed<ChatRequest> parse_chat_request(const json& body) {
   if (!body.is_object()) return ApiError::bad_request("the request body must be a JSON object");
   ChatRequest r;
@@ -307,24 +401,7 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
              "response_format", "unsupported");
     }
   }
-  if (const json* tc = f.get("tool_choice"); f.ok() && tc) {
-    if (!tc->is_string() || (*tc != "none" && *tc != "auto")) {
-      f.fail("tool_choice other than \"none\" or \"auto\" is not supported", "tool_choice",
-             "unsupported");
-    }
-  }
-  // Without a tool-call parser the model's tool calls would come back as plain text
-  // with tool_calls null, and a template that does not render `tools` would never show
-  // them to the model: refuse, as vLLM does when no tool parser is configured.
-  if (const json* tools = f.get("tools"); f.ok() && tools) {
-    if (!tools->is_array()) {
-      f.fail("tools must be a list", "tools");
-    } else if (!tools->empty()) {
-      f.fail("tools are not supported yet: dserve has no tool-call parser, so tool calls "
-             "would not be returned in tool_calls; send the request without tools",
-             "tools", "unsupported");
-    }
-  }
+  if (f.ok()) read_tools(f, r);
   if (const json* docs = f.get("documents"); f.ok() && docs) r.template_kwargs["documents"] = *docs;
   if (const json* kw = f.get("chat_template_kwargs"); f.ok() && kw) {
     if (!kw->is_object()) {
@@ -350,6 +427,9 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
         } else if (m.contains("content") && !m["content"].is_null() &&
                    !m["content"].is_string() && !m["content"].is_array()) {
           f.fail(where + ".content must be a string or a list of content parts", "messages");
+        } else if (m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+                   check_tool_calls(m["tool_calls"])) {
+          f.fail(where + "." + *check_tool_calls(m["tool_calls"]), "messages");
         } else if (m.contains("content") && m["content"].is_array()) {
           for (const json& part : m["content"]) {
             if (!part.is_object() || part.value("type", "") != "text" ||

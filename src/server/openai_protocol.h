@@ -38,7 +38,6 @@ struct GenerationRequest {
   bool include_usage = false;       // stream_options.include_usage
   // stream_options.continuous_usage_stats: with include_usage, usage on every chunk.
   bool continuous_usage_stats = false;
-  bool skip_special_tokens = true;  // in the returned text
 };
 
 struct CompletionRequest : GenerationRequest {
@@ -52,6 +51,14 @@ struct CompletionRequest : GenerationRequest {
   bool add_special_tokens = true;
 };
 
+// How a chat request may call its tools (OpenAI's tool_choice).
+enum class ToolChoice {
+  kNone,      // never: the output is content (tools are still shown to the model)
+  kAuto,      // the model decides; the server's --tool-call-parser finds the calls
+  kRequired,  // at least one call, enforced by constrained decoding
+  kFunction,  // exactly one call of tool_choice_function, enforced likewise
+};
+
 struct ChatRequest : GenerationRequest {
   nlohmann::ordered_json messages;  // validated: non-empty array of {role: string, content, ...}
   bool add_generation_prompt = true;
@@ -59,6 +66,10 @@ struct ChatRequest : GenerationRequest {
   bool add_special_tokens = false;  // the template writes BOS itself
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // documents, chat_template_kwargs
   bool logprobs = false;           // then sampling.logprobs = top_logprobs
+  nlohmann::ordered_json tools;    // null, or validated [{type: "function", function: {...}}]
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_choice_function;  // kFunction: the tool's name
+  bool parallel_tool_calls = true;
 };
 
 template <typename T>

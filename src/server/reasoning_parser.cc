@@ -58,6 +58,11 @@ ReasoningParser::Delta ReasoningParser::flush() {
   return d;
 }
 
+bool ReasoningParser::closes_reasoning(std::string_view prompt_tail) {
+  const size_t open = prompt_tail.rfind(kOpen), close = prompt_tail.rfind(kClose);
+  return close != std::string_view::npos && (open == std::string_view::npos || close > open);
+}
+
 ReasoningParser::Delta ReasoningParser::split(std::string_view text) {
   ReasoningParser p;
   Delta a = p.add(text);

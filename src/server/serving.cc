@@ -8,6 +8,7 @@
 #include "server/client_watch.h"
 #include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
+#include "server/tool_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve::server {
@@ -51,6 +52,7 @@ struct OpenAiServing::Job {
   std::shared_ptr<OutputQueue> queue = std::make_shared<OutputQueue>();
   std::vector<RequestId> request_ids;
   bool reasoning = false;
+  bool tools = false;  // the request had tools: messages carry tool_calls
   bool include_usage = false;
   bool continuous_usage = false;  // include_usage + continuous_usage_stats
   bool logprobs = false;
@@ -61,6 +63,7 @@ struct OpenAiServing::Job {
     std::string text;  // everything returned so far (with the echoed prompt)
     std::string reasoning_text;
     ReasoningParser reasoning;
+    std::unique_ptr<ToolOutput> tools;  // null unless the request's tool_choice may call
     int n_tokens = 0;
     json logprob_entries = json::array();  // chat: content[]; completions: built at the end
     json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
@@ -205,14 +208,26 @@ struct OpenAiServing::Job {
       content_piece = std::move(r.content);
       c.reasoning_text += reasoning_piece;
     }
+    json tool_deltas = json::array();
+    if (c.tools) {
+      ToolOutput::Delta t = c.tools->add(content_piece);
+      if (d.finish_reason) {
+        ToolOutput::Delta f = c.tools->flush();
+        t.content += f.content;
+        for (json& call : f.tool_calls) t.tool_calls.push_back(std::move(call));
+      }
+      content_piece = std::move(t.content);
+      tool_deltas = std::move(t.tool_calls);
+    }
     c.text += content_piece;
     if (d.finish_reason) {
-      c.finish_reason = *d.finish_reason == "abort" ? "abort" : *d.finish_reason;
+      c.finish_reason = c.tools ? c.tools->finish_reason(*d.finish_reason) : *d.finish_reason;
       if (*d.finish_reason == "error") error = d.error;
       --n_unfinished;
     }
     if (!events) return;
-    const bool has_text = !content_piece.empty() || !reasoning_piece.empty();
+    const bool has_text =
+        !content_piece.empty() || !reasoning_piece.empty() || !tool_deltas.empty();
     if (!has_text && !d.finish_reason && (lp.is_null() || d.logprobs.empty())) return;
     json choice = {{"index", d.index}};
     if (chat) {
@@ -222,7 +237,10 @@ struct OpenAiServing::Job {
         c.role_sent = true;
       }
       if (!reasoning_piece.empty()) delta["reasoning_content"] = reasoning_piece;
-      if (!content_piece.empty() || (!reasoning && !d.finish_reason)) delta["content"] = content_piece;
+      if (!content_piece.empty() || (!reasoning && !d.finish_reason && tool_deltas.empty())) {
+        delta["content"] = content_piece;
+      }
+      if (!tool_deltas.empty()) delta["tool_calls"] = std::move(tool_deltas);
       choice["delta"] = delta;
     } else {
       choice["text"] = content_piece;
@@ -261,6 +279,8 @@ struct OpenAiServing::Job {
         } else {
           message["content"] = c.text;
         }
+        if (c.tools) message["content"] = c.tools->content();
+        if (tools) message["tool_calls"] = c.tools ? c.tools->tool_calls() : json::array();
         choice["message"] = message;
         choice["logprobs"] = logprobs ? json{{"content", c.logprob_entries}} : json(nullptr);
       } else {
@@ -367,9 +387,12 @@ Result<std::vector<int32_t>> OpenAiServing::chat_prompt(const json& messages,
         "this model has no chat template; pass one with --chat-template FILE, or use "
         "/v1/completions");
   }
-  DS_ASSIGN_OR_RETURN(std::string text,
-                      render_chat_(messages, add_generation_prompt, kwargs));
-  return llm_.tokenizer()->encode(text, add_special_tokens);
+  json with_objects = messages;
+  const bool has_arguments = parse_tool_call_arguments(with_objects);
+  Result<std::string> text = render_chat_(with_objects, add_generation_prompt, kwargs);
+  if (!text.ok() && has_arguments) text = render_chat_(messages, add_generation_prompt, kwargs);
+  if (!text.ok()) return text.status();
+  return llm_.tokenizer()->encode(*text, add_special_tokens);
 }
 
 namespace {
@@ -491,6 +514,23 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   if (!llm_.tokenizer()) {
     return Reply::error(ApiError::bad_request("chat needs the model's tokenizer", "messages"));
   }
+  // Tools are shown to the model whatever tool_choice says (vLLM's default).
+  if (!r.tools.is_null()) r.template_kwargs["tools"] = r.tools;
+  if (r.tool_choice == ToolChoice::kAuto) {
+    if (!config_.auto_tool_call_format) {
+      return Reply::error(ApiError::bad_request(
+          "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to "
+          "be set",
+          "tool_choice"));
+    }
+    // DeepSeek's call markers are special tokens: the parser must see them.
+    r.sampling.skip_special_tokens = false;
+  } else if (r.tool_choice != ToolChoice::kNone) {
+    return Reply::error(ApiError::bad_request(
+        "tool_choice \"required\" and named functions need constrained decoding, which is "
+        "not built yet; use \"auto\"",
+        "tool_choice", "unsupported"));
+  }
   Result<std::vector<int32_t>> prompt =
       chat_prompt(r.messages, r.add_generation_prompt, r.add_special_tokens, r.template_kwargs);
   if (!prompt.ok()) return Reply::error(ApiError::from_status(prompt.status(), "messages"));
@@ -504,10 +544,26 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   std::unique_ptr<Job> job = new_job(/*chat=*/true, r);
   job->logprobs = r.logprobs;
   job->reasoning = config_.reasoning_deepseek_r1;
+  job->tools = !r.tools.is_null();
   job->n_prompt_tokens = static_cast<int64_t>(prompt->size());
   job->n_prompt_tokens_of = {job->n_prompt_tokens};
   const int n = r.sampling.n;
   job->choices.resize(n);
+  if (job->reasoning) {
+    // DeepSeek-V3.1 without thinking ends the prompt with </think>: the output is answer.
+    const size_t tail = std::min<size_t>(prompt->size(), 8);
+    const std::string end = llm_.tokenizer()->decode(
+        std::span<const int32_t>(prompt->data() + prompt->size() - tail, tail), false);
+    if (ReasoningParser::closes_reasoning(end)) {
+      for (Job::Choice& c : job->choices) c.reasoning = ReasoningParser(true);
+    }
+  }
+  if (r.tool_choice != ToolChoice::kNone) {
+    for (Job::Choice& c : job->choices) {
+      c.tools = std::make_unique<ToolOutput>(r.tool_choice, r.tool_choice_function,
+                                             config_.auto_tool_call_format);
+    }
+  }
   Result<std::vector<RequestId>> ids = llm_.add_request(*prompt, r.sampling, job->queue, 0);
   if (!ids.ok()) return Reply::error(ApiError::from_status(ids.status(), "messages"));
   job->request_ids = std::move(ids).value();
@@ -553,8 +609,14 @@ Reply OpenAiServing::tokenize(const json& body) const {
       }
       *out = body[name].get<bool>();
     }
+    // Tools render as they would in a chat request (vLLM's /tokenize takes them too).
+    json kwargs = json::object();
+    if (body.contains("tools") && !body["tools"].is_null()) {
+      if (!body["tools"].is_array()) return Reply::error(ApiError::bad_request("tools must be a list", "tools"));
+      kwargs["tools"] = body["tools"];
+    }
     Result<std::vector<int32_t>> p =
-        chat_prompt(body["messages"], add_generation_prompt, add_special, json::object());
+        chat_prompt(body["messages"], add_generation_prompt, add_special, kwargs);
     if (!p.ok()) return Reply::error(ApiError::from_status(p.status(), "messages"));
     ids = std::move(p).value();
   } else if (body.contains("prompt") && body["prompt"].is_string()) {

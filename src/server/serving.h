@@ -19,6 +19,7 @@
 
 #include "dserve/async_llm.h"
 #include "server/api_error.h"
+#include "server/tool_call_parser.h"
 
 namespace dserve::server {
 
@@ -63,6 +64,9 @@ struct ServingConfig {
   std::string model_path;
   TokenizerInfo tokenizer_info;
   bool reasoning_deepseek_r1 = false;  // --reasoning-parser deepseek_r1
+  // --enable-auto-tool-choice with --tool-call-parser: tool_choice "auto" finds the
+  // model's calls in this format; without it "auto" is refused, as vLLM does.
+  std::optional<ToolCallFormat> auto_tool_call_format;
 };
 
 class OpenAiServing {
@@ -90,7 +94,9 @@ class OpenAiServing {
   static Reply run_to_completion(Job& job);
   // An error, or empty when `model` is empty or one of the served names.
   std::optional<ApiError> check_model(const std::string& model) const;
-  // Renders and tokenizes a chat conversation.
+  // Renders and tokenizes a chat conversation. Assistant tool calls' arguments are
+  // given to the template as objects (transformers' convention), or as the JSON strings
+  // they came as when the template cannot take objects (DeepSeek's concatenate them).
   Result<std::vector<int32_t>> chat_prompt(const nlohmann::ordered_json& messages,
                                            bool add_generation_prompt, bool add_special_tokens,
                                            const nlohmann::ordered_json& kwargs) const;

@@ -100,16 +100,22 @@ def test_stop_token_ids_stay_in_the_output(client, hf_tokenizer):
         assert c.text == want
 
 
-# ---- 2. tools refused; continuous_usage_stats honoured ------------------------------
+# ---- 2. tools without a parser refused; continuous_usage_stats honoured -------------
 
-def test_tools_are_refused_with_a_reason(client):
+def test_tools_without_a_parser_are_refused_with_a_reason(client):
+    # As vLLM: tools mean tool_choice "auto", which needs --enable-auto-tool-choice and
+    # --tool-call-parser; "none" still serves (the tools are only shown to the model).
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="smollm2", messages=SHORT_ANSWER, tools=[tool],
                                        max_tokens=4)
     assert e.value.status_code == 400
-    assert e.value.body["param"] == "tools" and "tool" in e.value.body["message"]
+    assert e.value.body["param"] == "tool_choice"
+    assert "--tool-call-parser" in e.value.body["message"]
+    r = client.chat.completions.create(model="smollm2", messages=SHORT_ANSWER, tools=[tool],
+                                       tool_choice="none", max_tokens=4)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
 @pytest.mark.parametrize("chat", [False, True])

