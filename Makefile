@@ -25,7 +25,7 @@ PROMPT ?= The three most useful things to know about the ocean are
 APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev libssl-dev \
 	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
 	libcpp-httplib-dev libcurl4-openssl-dev libgloo-dev libnuma-dev ccache \
-	libzmq3-dev cppzmq-dev
+	libzmq3-dev cppzmq-dev libboost-dev
 
 # Every build goes through ccache, its store in the cache outside the repository: it is
 # keyed by the preprocessed source and flags (not by paths: BASEDIR/NOHASHDIR), so a

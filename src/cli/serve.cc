@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "base/log.h"
@@ -25,6 +27,12 @@
 #include "tokenizer/tokenizer.h"
 
 namespace dserve::cli {
+
+namespace {
+// Timeouts above this (11.6 days) are refused: they are mistakes, and far larger ones
+// overflow the clocks' tick counts.
+constexpr double kMaxTimeoutSeconds = 1e6;
+}  // namespace
 
 CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   CLI::App* cmd = app.add_subcommand("serve", "serve the OpenAI-compatible HTTP API");
@@ -85,10 +93,42 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   cmd->add_flag("--trust-remote-code", o->trust_remote_code,
                 "accepted for vLLM compatibility; dserve never runs model code");
   cmd->add_option("--shutdown-timeout", o->shutdown_timeout,
-                  "seconds running requests may take to finish after SIGTERM")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-body-bytes", o->max_body_bytes, "larger request bodies get HTTP 413")
-      ->capture_default_str();
+                  "seconds running requests may take to finish after SIGTERM (0 to 1e6; a "
+                  "second SIGTERM exits at once)")
+      ->capture_default_str()->check(CLI::Range(0.0, kMaxTimeoutSeconds));
+  cmd->add_option("--max-body-bytes", o->max_body_bytes,
+                  "larger request bodies get HTTP 413 (every framing, checked as bytes arrive)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-waiting-requests", o->max_waiting_requests,
+                  "completions waiting beyond the --max-num-seqs running at most; more get "
+                  "HTTP 503 with Retry-After (default -1: unlimited)")
+      ->capture_default_str()->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+  cmd->add_option("--max-connections", o->max_connections,
+                  "open HTTP connections at most; more get HTTP 503 with Retry-After")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--http-io-threads", o->http_io_threads,
+                  "threads running every HTTP connection's I/O")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--request-head-timeout", o->request_head_timeout,
+                  "seconds from a request's first byte to the end of its header (else 408)")
+      ->capture_default_str()->check(CLI::Range(0.001, kMaxTimeoutSeconds));
+  cmd->add_option("--request-body-timeout", o->request_body_timeout,
+                  "seconds from a request's header to the end of its body (else 408)")
+      ->capture_default_str()->check(CLI::Range(0.001, kMaxTimeoutSeconds));
+  cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout,
+                  "seconds an idle keep-alive connection stays open")
+      ->capture_default_str()->check(CLI::Range(0.001, kMaxTimeoutSeconds));
+  cmd->add_option("--max-header-bytes", o->max_header_bytes,
+                  "request line and header fields at most, in bytes (else 431)")
+      ->capture_default_str()->check(CLI::Range(size_t{256}, size_t{1} << 24));
+  cmd->add_option("--max-header-fields", o->max_header_fields,
+                  "header fields per request at most (else 431)")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
+  cmd->add_option("--ssl-certfile", o->ssl_certfile,
+                  "serve HTTPS with this PEM certificate (chain); needs --ssl-keyfile")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--ssl-keyfile", o->ssl_keyfile, "the PEM private key of --ssl-certfile")
+      ->check(CLI::ExistingFile);
   add_tensor_parallel_options(cmd, &o->tp);
   cmd->add_option("--pipeline-parallel-size", o->pipeline_parallel_size,
                   "pipeline-parallel ranks (only 1 so far)")->capture_default_str();
@@ -109,6 +149,12 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
 }
 
 namespace {
+
+Status thread_error(const char* what, const std::system_error& e) {
+  return Status(StatusCode::kResourceExhausted,
+                std::string("cannot create ") + what + " (" + e.what() +
+                    "): the process or container limits threads (RLIMIT_NPROC, pids.max)");
+}
 
 // Flags that name something dserve cannot do yet fail instead of being ignored.
 Status check_unbuilt(const ServeOptions& o) {
@@ -318,33 +364,71 @@ int run_serve(ServeOptions o) {
   hc.host = o.host;
   hc.port = o.port;
   hc.api_key = o.api_key;
-  hc.max_body_bytes = o.max_body_bytes;
-  hc.n_http_threads = std::max(512, 2 * o.max_num_seqs);
+  hc.limits.max_body_bytes = o.max_body_bytes;
+  hc.limits.max_header_bytes = o.max_header_bytes;
+  hc.limits.max_header_fields = o.max_header_fields;
+  hc.n_io_threads = o.http_io_threads;
+  hc.max_connections = o.max_connections;
+  hc.max_waiting_requests = o.max_waiting_requests;
+  hc.max_num_seqs = o.max_num_seqs * o.dp.size;
+  hc.head_timeout_s = o.request_head_timeout;
+  hc.body_timeout_s = o.request_body_timeout;
+  hc.keep_alive_timeout_s = o.keep_alive_timeout;
+  hc.ssl_certfile = o.ssl_certfile;
+  hc.ssl_keyfile = o.ssl_keyfile;
   hc.audit_log = audit_log.get();
   server::HttpServer http(hc, serving, metrics);
 
   EngineClient& engine = *client;
-  std::thread signal_thread([&] {
+  // The first signal drains (on its own thread, so that the next signal is seen while
+  // it waits); a second one exits at once.
+  std::thread drain_thread;
+  std::atomic<bool> serving_stopped{false};
+  auto on_signals = [&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    if (sig == 0) return;  // woken by ourselves at exit
-    DS_LOG_INFO("signal {}: no new requests; waiting up to {} s for running ones", sig,
-                o.shutdown_timeout);
+    if (sig == 0 || serving_stopped.load()) return;  // woken by ourselves at exit
+    DS_LOG_INFO("signal {}: no new requests; waiting up to {} s for running ones (a second "
+                "signal exits at once)", sig, o.shutdown_timeout);
     http.set_draining(true);
-    engine.stop_accepting();
-    const auto budget = std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000));
-    if (!engine.wait_idle(budget)) {
-      DS_LOG_WARN("shutdown timeout: aborting the requests still running");
+    try {
+      drain_thread = std::thread([&] {
+        engine.stop_accepting();
+        const auto budget =
+            std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000));
+        if (!engine.wait_idle(budget)) {
+          DS_LOG_WARN("shutdown timeout: aborting the requests still running");
+          engine.abort_all();
+          engine.wait_idle(std::chrono::seconds(5));
+        }
+        http.stop();
+      });
+    } catch (const std::system_error& e) {
+      DS_LOG_ERROR("cannot start the drain thread ({}); stopping now", e.what());
       engine.abort_all();
-      engine.wait_idle(std::chrono::seconds(5));
+      http.stop();
+      return;
     }
-    http.stop();
-  });
+    sig = 0;
+    sigwait(&signals, &sig);
+    if (sig == 0 || serving_stopped.load()) return;
+    DS_LOG_WARN("second signal {}: exiting now", sig);
+    std::fflush(nullptr);
+    std::_Exit(128 + sig);
+  };
+  // A thread that cannot be made (RLIMIT_NPROC, a container's pids.max) is a clear
+  // start-up error, never a hang.
+  std::thread signal_thread;
+  try {
+    signal_thread = std::thread(on_signals);
+  } catch (const std::system_error& e) {
+    return report_error(thread_error("the signal-handling thread", e));
+  }
   // A failed engine (with tensor parallelism: a rank died) cannot recover: /health says
   // 503 for a moment so probes see it, then the server shuts down with an error.
   std::atomic<bool> engine_failed{false};
   std::atomic<bool> serving_done{false};
-  std::thread health_thread([&] {
+  auto watch_health = [&] {
     while (!serving_done.load()) {
       if (!engine.healthy()) {
         engine_failed = true;
@@ -355,21 +439,26 @@ int run_serve(ServeOptions o) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-  });
-  Status s = http.run();
+  };
+  std::thread health_thread;
+  Status s = Status::Ok();
+  try {
+    health_thread = std::thread(watch_health);
+  } catch (const std::system_error& e) {
+    s = thread_error("the health-watching thread", e);
+  }
+  if (s.ok()) s = http.run();
   serving_done = true;
-  health_thread.join();
+  if (health_thread.joinable()) health_thread.join();
+  // The signal thread waits for a (first or second) signal: wake it with one.
+  serving_stopped = true;
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  if (drain_thread.joinable()) drain_thread.join();
   if (engine_failed.load()) {
-    pthread_kill(signal_thread.native_handle(), SIGTERM);
-    signal_thread.join();
     return report_error(internal_error("the engine failed (see the error above); server stopped"));
   }
-  if (!s.ok()) {
-    pthread_kill(signal_thread.native_handle(), SIGTERM);
-    signal_thread.join();
-    return report_error(s);
-  }
-  signal_thread.join();
+  if (!s.ok()) return report_error(s);
   DS_LOG_INFO("shut down");
   return 0;
 }

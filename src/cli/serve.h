@@ -1,7 +1,7 @@
 // `dserve serve [MODEL]`: the OpenAI-compatible server, with vLLM's flag names and
 // meanings. Loads the model, starts the engine thread and the HTTP server, and on
-// SIGTERM/SIGINT stops accepting, lets running requests finish for up to
-// --shutdown-timeout seconds, aborts the rest and exits 0.
+// SIGTERM/SIGINT stops accepting (/health 503), lets running requests finish for up to
+// --shutdown-timeout seconds, aborts the rest and exits 0; a second signal exits at once.
 // Thread-safety: called from main's thread only.
 #pragma once
 
@@ -46,6 +46,16 @@ struct ServeOptions {
   bool trust_remote_code = false;
   double shutdown_timeout = 30.0;
   size_t max_body_bytes = size_t{32} << 20;
+  // The HTTP front end (server/http_server.h).
+  int64_t max_waiting_requests = -1;  // < 0: unlimited
+  int max_connections = 4096;
+  int http_io_threads = 2;
+  double request_head_timeout = 10.0;
+  double request_body_timeout = 60.0;
+  double keep_alive_timeout = 5.0;
+  size_t max_header_bytes = 16 << 10;
+  int max_header_fields = 100;
+  std::string ssl_keyfile, ssl_certfile;
   // Capabilities not built yet: any value but the default fails with a clear message.
   int pipeline_parallel_size = 1;
 };

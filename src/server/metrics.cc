@@ -19,6 +19,15 @@ std::string escape_label(const std::string& v) {
   return out;
 }
 
+const char* rejection_name(ServerMetrics::Rejection r) {
+  switch (r) {
+    case ServerMetrics::Rejection::kMaxWaitingRequests: return "max_waiting_requests";
+    case ServerMetrics::Rejection::kMaxConnections: return "max_connections";
+    case ServerMetrics::Rejection::kNoWorkerThread: return "no_worker_thread";
+  }
+  return "";
+}
+
 std::string number(double v) { return fmt::format("{}", v); }
 
 void header(std::string& out, const std::string& name, const char* type, const char* help) {
@@ -162,7 +171,18 @@ std::string ServerMetrics::render() const {
   header(out, "vllm:e2e_request_latency_seconds", "histogram",
          "Histogram of e2e request latency in seconds.");
   for (const auto& e : engines_) e->e2e.render(out, "vllm:e2e_request_latency_seconds", e->labels);
+  header(out, "dserve:http_connections", "gauge", "Open HTTP connections.");
+  out += fmt::format("dserve:http_connections{{{}}} {}\n", model_label_, n_connections_.load());
+  header(out, "dserve:http_requests_rejected_total", "counter",
+         "Requests answered 503 by the HTTP front end's limits.");
+  for (Rejection r : {Rejection::kMaxWaitingRequests, Rejection::kMaxConnections,
+                      Rejection::kNoWorkerThread}) {
+    out += fmt::format("dserve:http_requests_rejected_total{{{},reason=\"{}\"}} {}\n", model_label_,
+                       rejection_name(r), n_rejected_[static_cast<int>(r)].load());
+  }
   return out;
 }
+
+void ServerMetrics::count_rejected(Rejection why) { ++n_rejected_[static_cast<int>(why)]; }
 
 }  // namespace dserve::server

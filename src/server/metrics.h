@@ -6,6 +6,10 @@
 //              vllm:request_success{finished_reason="stop"|"length"|"abort"|"error"}
 //   histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
 //              vllm:e2e_request_latency_seconds
+// and the HTTP front end's own (vLLM has none for these):
+//   dserve:http_connections (gauge: open connections),
+//   dserve:http_requests_rejected_total{reason="max_waiting_requests"|"max_connections"|
+//                                       "no_worker_thread"} (counter: answered 503)
 // The token counters move every engine step (as vLLM's), so their rate is right
 // during long generations too. Every sample carries model_name and, as vLLM's, the
 // data-parallel rank of its engine (engine="0", engine="1", ...): one series per engine,
@@ -17,6 +21,7 @@
 // threads; one mutex guards everything.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,6 +57,11 @@ class ServerMetrics {
   // The observer of engine (data-parallel rank) i, 0 <= i < n_engines.
   EngineObserver* engine(int i);
 
+  // The HTTP front end's figures; any thread.
+  enum class Rejection { kMaxWaitingRequests, kMaxConnections, kNoWorkerThread };
+  void count_rejected(Rejection why);
+  void add_connections(int64_t delta) { n_connections_ += delta; }
+
   // The exposition text served at GET /metrics.
   std::string render() const;
 
@@ -60,6 +70,8 @@ class ServerMetrics {
   const std::string model_label_;  // model_name="..."
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Engine>> engines_;  // their state is GUARDED_BY(mu_)
+  std::atomic<int64_t> n_connections_{0};
+  std::atomic<int64_t> n_rejected_[3] = {};  // by Rejection
 };
 
 }  // namespace dserve::server

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "base/log.h"
+#include "server/client_watch.h"
 #include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
 #include "server/tool_output.h"
@@ -78,6 +79,13 @@ struct OpenAiServing::Job {
   std::string error;
 
   ~Job() { cancel(); }
+  // When the transport says the client is gone, the sequences are aborted (on the
+  // transport's thread: the callback holds copies, not the job).
+  ClientWatch::Subscription abort_when_client_goes() const {
+    return ClientWatch::on_current_gone([llm = llm, ids = request_ids] {
+      for (RequestId id : ids) llm->abort(id);
+    });
+  }
   void cancel() {
     for (size_t i = 0; i < choices.size(); ++i) {
       if (!choices[i].finish_reason && i < request_ids.size()) llm->abort(request_ids[i]);
@@ -295,7 +303,8 @@ struct OpenAiServing::Job {
 // A streamed response: pulls the job's queue and formats chunks.
 class OpenAiServing::Stream : public EventStream {
  public:
-  explicit Stream(std::unique_ptr<Job> job) : job_(std::move(job)) {}
+  explicit Stream(std::unique_ptr<Job> job)
+      : job_(std::move(job)), client_gone_(job_->abort_when_client_goes()) {}
 
   std::string next(std::chrono::milliseconds timeout) override {
     std::string events;
@@ -326,6 +335,7 @@ class OpenAiServing::Stream : public EventStream {
 
  private:
   std::unique_ptr<Job> job_;
+  ClientWatch::Subscription client_gone_;
   std::string prefix_;
   bool done_ = false;
 };
@@ -346,6 +356,7 @@ std::unique_ptr<OpenAiServing::Job> OpenAiServing::new_job(bool chat,
 
 // A non-streamed response: waits for every choice, then answers at once.
 Reply OpenAiServing::run_to_completion(Job& job) {
+  ClientWatch::Subscription client_gone = job.abort_when_client_goes();
   while (job.n_unfinished > 0) {
     for (OutputDelta& d : job.queue->pop(std::chrono::milliseconds(1000))) job.apply(d, nullptr);
   }

@@ -21,7 +21,10 @@ FLAGS = ["--host", "--port", "--api-key", "--served-model-name", "--max-model-le
          "--shutdown-timeout", "--tensor-parallel-size", "--data-parallel-size",
          "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port",
          "--data-parallel-start-rank", "--headless", "--enable-expert-parallel",
-         "--additional-config"]
+         "--additional-config", "--max-waiting-requests", "--max-connections",
+         "--http-io-threads", "--request-head-timeout", "--request-body-timeout",
+         "--keep-alive-timeout", "--max-header-bytes", "--max-header-fields", "--ssl-certfile",
+         "--ssl-keyfile"]
 
 
 def test_help_lists_every_flag(dserve_bin):
