@@ -8,6 +8,7 @@
 #include "server/client_watch.h"
 #include "server/openai_protocol.h"
 #include "server/reasoning_parser.h"
+#include "grammar/structured_output.h"
 #include "server/tool_output.h"
 #include "tokenizer/tokenizer.h"
 
@@ -526,10 +527,20 @@ Reply OpenAiServing::chat_completions(const json& body) const {
     // DeepSeek's call markers are special tokens: the parser must see them.
     r.sampling.skip_special_tokens = false;
   } else if (r.tool_choice != ToolChoice::kNone) {
-    return Reply::error(ApiError::bad_request(
-        "tool_choice \"required\" and named functions need constrained decoding, which is "
-        "not built yet; use \"auto\"",
-        "tool_choice", "unsupported"));
+    // "required" and a named function are enforced, as vLLM does, by constraining the
+    // output to a JSON list of calls / the function's arguments (ToolOutput reads it).
+    if (r.sampling.structured_outputs) {
+      return Reply::error(ApiError::bad_request(
+          "tool_choice \"required\" or a named function cannot be combined with "
+          "response_format or structured outputs",
+          "tool_choice"));
+    }
+    StructuredOutputs spec{StructuredOutputs::Kind::kJson, tool_choice_schema(r).dump()};
+    if (Result<std::shared_ptr<const grammar::Grammar>> g = grammar::compile_grammar(spec); !g.ok()) {
+      return Reply::error(ApiError::bad_request(
+          "the tools' parameters cannot constrain decoding: " + g.status().message(), "tools"));
+    }
+    r.sampling.structured_outputs = std::move(spec);
   }
   Result<std::vector<int32_t>> prompt =
       chat_prompt(r.messages, r.add_generation_prompt, r.add_special_tokens, r.template_kwargs);

@@ -344,3 +344,67 @@ def test_tool_request_errors(client, dserve_bin, model, tmp_path):
             plain.chat.completions.create(model="plain", messages=MESSAGES, tools=TOOLS,
                                           max_tokens=4)
         assert "--enable-auto-tool-choice" in e.value.body["message"]
+
+
+# ---- tool_choice "required" and a named function on the default model ----------------
+
+@pytest.fixture(scope="module")
+def smollm2(dserve_bin, default_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("smollm2-tools") / "serve.log"
+    with server_util.running(dserve_bin, default_model, "--served-model-name", "smollm2",
+                             "--threads", 2, "--kv-cache-memory", 256 << 20,
+                             log_path=log) as s:
+        yield openai.OpenAI(base_url=s.base_url + "/v1", api_key="none", max_retries=0)
+
+
+def _valid_arguments(name, arguments):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name)
+    jsonschema.validate(json.loads(arguments), schema)
+
+
+def test_required_tool_choice_always_calls(smollm2):
+    """Constrained decoding, not hope: at temperature 1 over many seeds, every answer is
+    one or more calls of the given tools, with arguments valid under their schemas."""
+    import concurrent.futures
+
+    def ask(seed):
+        return smollm2.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+            tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=160)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(ask, range(16)))
+    for r in replies:
+        c = r.choices[0]
+        if c.finish_reason == "length":
+            continue  # cut by max_tokens: no complete call to check
+        assert c.finish_reason == "tool_calls", c
+        assert c.message.tool_calls
+        for call in c.message.tool_calls:
+            assert call.function.name in {t["function"]["name"] for t in TOOLS}
+            _valid_arguments(call.function.name, call.function.arguments)
+    assert sum(r.choices[0].finish_reason == "tool_calls" for r in replies) >= 12
+
+
+def test_named_tool_choice_calls_that_function(smollm2):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = smollm2.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=96)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    _valid_arguments("get_weather", call.function.arguments)
+    # Streamed: the arguments arrive in pieces under the one call.
+    args, names = "", set()
+    for chunk in smollm2.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=96, stream=True):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                assert tc.index == 0
+                if tc.function.name:
+                    names.add(tc.function.name)
+                args += tc.function.arguments or ""
+    assert names == {"get_weather"}
+    assert json.loads(args) == json.loads(call.function.arguments)
