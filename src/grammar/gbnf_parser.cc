@@ -196,7 +196,7 @@ class GbnfParser {
         if (x == '\\') {
           DS_ASSIGN_OR_RETURN(x, escape());
         }
-        append_utf8(x, &bytes);
+        utf8::append(&bytes, x);
       }
       return literal(std::move(bytes));
     }

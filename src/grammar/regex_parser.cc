@@ -246,7 +246,7 @@ class RegexParser {
       }
       default: {
         std::string bytes;
-        append_utf8(c, &bytes);
+        utf8::append(&bytes, c);
         return literal(std::move(bytes));
       }
     }

@@ -12,7 +12,6 @@
 
 #include <condition_variable>
 #include <mutex>
-#include <random>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "server/http_connection.h"
 #include "server/http_exchange.h"
 #include "server/metrics.h"
+#include "server/random_id.h"
 #include "server/serving.h"
 #include "server/worker_pool.h"
 
@@ -74,14 +74,6 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   const std::string& ref = a.size() == b.size() ? b : a;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ ref[i]);
   return diff == 0;
-}
-
-std::string new_request_id() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 32; ++i) s += hex[rng() % 16];
-  return s;
 }
 
 std::chrono::milliseconds ms(double seconds) {
@@ -403,7 +395,7 @@ void HttpServer::Impl::send_json(HttpExchange& ex, int status, const json& body,
 void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex) {
   const HttpRequest& req = ex->request;
   std::string request_id = req.header("X-Request-Id");
-  if (request_id.empty() || request_id.size() > kMaxRequestIdBytes) request_id = new_request_id();
+  if (request_id.empty() || request_id.size() > kMaxRequestIdBytes) request_id = random_id();
   ex->request_id = std::move(request_id);
   ex->on_done = [this](HttpExchange& e, int status, bool completed) { log_done(e, status, completed); };
   LogRequestScope log_scope(ex->request_id);

@@ -2,11 +2,11 @@
 
 #include <chrono>
 #include <cmath>
-#include <random>
 
 #include "base/log.h"
 #include "server/client_watch.h"
 #include "server/openai_protocol.h"
+#include "server/random_id.h"
 #include "server/reasoning_parser.h"
 #include "grammar/structured_output.h"
 #include "server/tool_output.h"
@@ -17,14 +17,6 @@ namespace dserve::server {
 using json = nlohmann::ordered_json;
 
 namespace {
-
-std::string random_id(const char* prefix) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  static const char* hex = "0123456789abcdef";
-  std::string s = prefix;
-  for (int i = 0; i < 32; ++i) s += hex[rng() % 16];
-  return s;
-}
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(

@@ -1,20 +1,12 @@
 #include "server/tool_output.h"
 
-#include <random>
+#include "server/random_id.h"
 
 namespace dserve::server {
 
 using json = nlohmann::ordered_json;
 
 namespace {
-
-std::string tool_call_id() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  static const char* hex = "0123456789abcdef";
-  std::string s = "chatcmpl-tool-";
-  for (int i = 0; i < 32; ++i) s += hex[rng() % 16];
-  return s;
-}
 
 // A call's first streamed delta: id, type and name (arguments follow).
 json call_start(int index, const std::string& id, const std::string& name, std::string args) {
@@ -41,7 +33,7 @@ void ToolOutput::take(ToolCallParser::Delta d, Delta& out) {
   out.content += d.content;
   for (ToolCallParser::CallDelta& c : d.calls) {
     if (c.index == static_cast<int>(calls_.size())) {
-      const std::string id = tool_call_id();
+      const std::string id = random_id("chatcmpl-tool-");
       calls_.push_back({{"id", id},
                         {"type", "function"},
                         {"function", {{"name", c.name}, {"arguments", c.arguments}}}});

@@ -22,6 +22,19 @@ def token_id(tok, piece):
     return ids[0]
 
 
+def _save(model, tok_dir, d):
+    """The checkpoint and the tokenizer's files into `d`, atomically."""
+    tmp = d.with_name(d.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok_dir / f, tmp / f)
+    shutil.rmtree(d, ignore_errors=True)
+    tmp.rename(d)
+    return d
+
+
 def scripted_deepseek(name, tok_dir, tok, prompt, chain):
     """A checkpoint directory (cached by content) whose greedy continuation of `prompt`
     (token ids ending with chain[0]) is chain[1:]."""
@@ -57,15 +70,7 @@ def scripted_deepseek(name, tok_dir, tok, prompt, chain):
         out = model.generate(torch.tensor([prompt]), max_new_tokens=len(chain) + 2,
                              do_sample=False, eos_token_id=eos, pad_token_id=0)
     assert out[0, len(prompt):].tolist() == chain[1:]
-    tmp = d.with_name(d.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tok_dir / f, tmp / f)
-    shutil.rmtree(d, ignore_errors=True)
-    tmp.rename(d)
-    return d
+    return _save(model, tok_dir, d)
 
 
 def scripted_by_position(name, tok_dir, tok, prompt, script):
@@ -145,12 +150,4 @@ def scripted_by_position(name, tok_dir, tok, prompt, script):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_steps + 2,
                              do_sample=False, eos_token_id=script[-1], pad_token_id=script[-1])
     assert out[0, len(prompt):].tolist() == script, (out[0, len(prompt):].tolist(), script)
-    tmp = d.with_name(d.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tok_dir / f, tmp / f)
-    shutil.rmtree(d, ignore_errors=True)
-    tmp.rename(d)
-    return d
+    return _save(model, tok_dir, d)

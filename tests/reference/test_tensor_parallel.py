@@ -399,9 +399,7 @@ def test_serve_tp3_preemption_keeps_outputs_identical(dserve_bin, default_model,
     """Four streams that do not fit the KV cache together: the scheduler preempts (and
     later recomputes) some of them on every rank, and each greedy output still equals
     the same request served alone."""
-    import concurrent.futures
     import gguf
-    import openai
     import server_util
 
     # Bytes of one cached token on one rank: K and V (float16) of each layer's KV heads,
@@ -417,24 +415,35 @@ def test_serve_tp3_preemption_keeps_outputs_identical(dserve_bin, default_model,
                                "--kv-cache-memory", blocks * 16 * per_token, "--log-level", "info",
                                log_path=tmp_path / "serve.log")
     try:
-        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
         prompts = ["The ocean is", "Name three colours:", "Once upon a time", "def add(a, b):"]
-
-        def complete(p):
-            return client.completions.create(model=str(default_model), prompt=p, max_tokens=48,
-                                             temperature=0, extra_body={"ignore_eos": True}
-                                             ).choices[0].text
-
-        alone = [complete(p) for p in prompts]
-        before = server.metrics()["vllm:num_preemptions"].samples[0].value
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            together = list(pool.map(complete, prompts))
-        after = server.metrics()["vllm:num_preemptions"].samples[0].value
-        assert f"KV cache: {blocks} blocks of 16 tokens" in server.log()
-        assert after > before, "the four streams fit the cache: nothing was preempted"
-        assert together == alone
+        _alone_equals_preempted_batch(server, default_model, prompts, 48, blocks)
     finally:
         server_util.stop(server)
+
+
+def _alone_equals_preempted_batch(server, model, prompts, max_tokens, blocks):
+    """Greedy completions of `prompts` one at a time, then all at once on a cache of
+    `blocks` blocks too small for them: the batch must preempt and give the same texts.
+    Returns the texts."""
+    import concurrent.futures
+    import openai
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+
+    def complete(p):
+        return client.completions.create(model=str(model), prompt=p, max_tokens=max_tokens,
+                                         temperature=0, extra_body={"ignore_eos": True}
+                                         ).choices[0].text
+
+    alone = [complete(p) for p in prompts]
+    before = server.metrics()["vllm:num_preemptions"].samples[0].value
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(complete, prompts))
+    after = server.metrics()["vllm:num_preemptions"].samples[0].value
+    assert f"KV cache: {blocks} blocks of 16 tokens" in server.log()
+    assert after > before, "the streams fit the cache together: nothing was preempted"
+    assert together == alone
+    return alone
 
 
 def test_serve_tp2_batch_invariant_and_preemption(dserve_bin, tmp_path):
@@ -443,11 +452,9 @@ def test_serve_tp2_batch_invariant_and_preemption(dserve_bin, tmp_path):
     tokenizer to return text): each greedy output is the same alone and with three
     others in a batch that does not fit an 8-block KV cache, so the scheduler preempts
     and recomputes on both ranks (vllm:num_preemptions rises)."""
-    import concurrent.futures
     import random
     import shutil
 
-    import openai
     import server_util
     from conftest import cache_dir
     from test_tokenizer import deepseek_dir
@@ -472,21 +479,7 @@ def test_serve_tp2_batch_invariant_and_preemption(dserve_bin, tmp_path):
                                "--block-size", 16, "--kv-cache-memory", blocks * 16 * per_token,
                                "--log-level", "info", log_path=tmp_path / "serve.log")
     try:
-        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
-
-        def complete(p):
-            return client.completions.create(model=str(model), prompt=p, max_tokens=40,
-                                             temperature=0, extra_body={"ignore_eos": True}
-                                             ).choices[0].text
-
-        alone = [complete(p) for p in prompts]
-        before = server.metrics()["vllm:num_preemptions"].samples[0].value
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            together = list(pool.map(complete, prompts))
-        after = server.metrics()["vllm:num_preemptions"].samples[0].value
-        assert f"KV cache: {blocks} blocks of 16 tokens" in server.log()
-        assert after > before, "the four streams fit the cache: nothing was preempted"
-        assert together == alone
+        alone = _alone_equals_preempted_batch(server, model, prompts, 40, blocks)
         assert len(set(alone)) == len(alone)
     finally:
         server_util.stop(server)
