@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <type_traits>
@@ -230,7 +231,10 @@ class ConnectionImpl final : public Connection,
         break;
     }
     reading_ = true;
-    stream_.async_read_some(in_.prepare(kReadChunk),
+    // Into a buffer of its own, not in_.prepare(): in_ may be consumed (which rewinds
+    // its storage) while this read is pending, when a buffered pipelined request is
+    // parsed after a response; the bytes are appended to in_ once they arrive.
+    stream_.async_read_some(net::buffer(read_chunk_.get(), kReadChunk),
                             [self = this->shared_from_this()](error_code ec, size_t n) {
                               self->on_read(ec, n);
                             });
@@ -245,13 +249,14 @@ class ConnectionImpl final : public Connection,
       if (phase_ == Phase::kHandling) return client_gone();
       return close_now();
     }
-    in_.commit(n);
     if (phase_ == Phase::kLinger) {
-      linger_bytes_ += in_.size();
-      in_.consume(in_.size());
+      linger_bytes_ += n;
       if (linger_bytes_ > kMaxLingerBytes) return close_now();
       return read_more();
     }
+    const auto room = in_.prepare(n);
+    std::memcpy(room.data(), read_chunk_.get(), n);
+    in_.commit(n);
     process_input();
   }
 
@@ -430,7 +435,8 @@ class ConnectionImpl final : public Connection,
   std::string remote_addr_;
   int remote_port_ = 0;
   Phase phase_ = Phase::kIdle;
-  boost::beast::flat_buffer in_;
+  boost::beast::flat_buffer in_;  // read, not yet parsed
+  std::unique_ptr<char[]> read_chunk_ = std::make_unique<char[]>(kReadChunk);  // the pending read's
   std::unique_ptr<HttpRequestParser> parser_;
   bool reading_ = false;
   bool peer_done_ = false;  // the read side ended (EOF or error)
