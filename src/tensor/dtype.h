@@ -27,7 +27,9 @@ enum class DType : uint8_t {
   // scales travel beside the data (TensorView), not inside the rows.
   kI8,
   // float8_e4m3fn (safetensors F8_E4M3), as DeepSeek ships its weights with separate
-  // 128 x 128 block scales. Converted at load (model/fp8_weights.h); no kernel reads it.
+  // 128 x 128 block scales (TensorView::block_scales). Kept as it is by default, the
+  // kernels converting inside (backend/cpu/kernels.h, MatmulF8Fn); --fp8-weights bf16
+  // converts at load (model/fp8_weights.h).
   kF8_E4M3,
   // GGUF's 5-bit block types, which llama-quantize also writes where a K-quant does not
   // fit (rows not a multiple of 256: Q4_K falls back to Q5_0, Q5_K to Q5_1). Storage

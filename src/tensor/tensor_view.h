@@ -16,6 +16,29 @@
 
 namespace dserve {
 
+// The block scales of an FP8 (DType::kF8_E4M3) weight [n_rows, n_cols], as DeepSeek
+// ships them: one f32 per block of block_rows x block_cols weights (the last blocks
+// of a row or column may be shorter), real weight w[r][j] = scale(r, j / block_cols)
+// * fp8(q[r][j]). `data` is the scale row of the view's first row; row0 is that row's
+// place inside its block row, so a view of rows [first, ...) of a bigger tensor needs
+// no copy of the scales (data += first / block_rows * stride, row0 = first % block_rows),
+// nor does a view of whole column blocks (data += first_col / block_cols).
+struct BlockScales {
+  const float* data = nullptr;
+  int64_t stride = 0;  // floats from one block row of scales to the next
+  int64_t block_rows = 0, block_cols = 0;
+  int64_t row0 = 0;  // 0 <= row0 < block_rows
+  // The scales of row r of the view, one per block of block_cols columns.
+  const float* row(int64_t r) const { return data + (row0 + r) / block_rows * stride; }
+  // The same scales for the view's rows [first, ...).
+  BlockScales from_row(int64_t first) const {
+    BlockScales s = *this;
+    s.data = row(first);
+    s.row0 = (row0 + first) % block_rows;
+    return s;
+  }
+};
+
 struct TensorView {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
@@ -34,6 +57,9 @@ struct TensorView {
   // activations with a zero point, msModelSlim's quant_bias: loader/ascend_quant.h).
   // Owned by the loader.
   const float* row_bias = nullptr;
+  // DType::kF8_E4M3 only (else data null): the block scales, owned by whoever
+  // attached them (model/fp8_weights.h).
+  BlockScales block_scales;
 
   int64_t n_elements() const {
     int64_t n = 1;

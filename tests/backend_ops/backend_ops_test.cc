@@ -821,6 +821,136 @@ TEST_P(BackendOpsTest, GetRowsW8A8) {
   }
 }
 
+// ---- FP8 (DType::kF8_E4M3): one byte per weight with block scales beside the data ----
+
+// Random E4M3 weights [n, k] (every finite code, NaN left out: a quantised checkpoint
+// has none) and random block scales [ceil(n / br), ceil(k / bc)].
+struct Fp8Weights {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+  TensorView view;
+  Fp8Weights(int64_t n, int64_t k, int64_t br, int64_t bc, std::mt19937& rng) : q(n * k) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& v : q) {
+      do {
+        v = static_cast<uint8_t>(byte(rng));
+      } while ((v & 0x7f) == 0x7f);
+    }
+    const int64_t n_rb = (n + br - 1) / br, n_cb = (k + bc - 1) / bc;
+    std::uniform_real_distribution<float> scale(1e-4f, 1e-3f);  // |w| up to ~0.45
+    scales.resize(n_rb * n_cb);
+    for (auto& s : scales) s = scale(rng);
+    view = TensorView{DType::kF8_E4M3, {n, k}, q.data(), q.size()};
+    view.block_scales = BlockScales{scales.data(), n_cb, br, bc, 0};
+  }
+  // The real weight, from the format's definition (tensor/half.h's conversion).
+  double at(int64_t r, int64_t j) const {
+    const int64_t k = view.shape[1];
+    const BlockScales& s = view.block_scales;
+    return double{fp8_e4m3_to_f32(q[r * k + j])} * s.data[r / s.block_rows * s.stride + j / s.block_cols];
+  }
+};
+
+// Runs w on `backend` and checks every output against the dequantise-then-multiply
+// reference in double (each level, the scalar one included) and, when `scalar` is
+// given, against the scalar level's result: FP32 accumulation over k terms in a few
+// partial sums and one product per block bounds both differences well within
+// 1e-5 * sum |w x|.
+void check_fp8(Backend& backend, Backend* scalar, const Fp8Weights& w, int64_t n_tokens,
+               std::mt19937& rng) {
+  const int64_t n = w.view.shape[0], k = w.view.shape[1];
+  SCOPED_TRACE("f8_e4m3 n=" + std::to_string(n) + " k=" + std::to_string(k) + " blocks " +
+               std::to_string(w.view.block_scales.block_rows) + "x" +
+               std::to_string(w.view.block_scales.block_cols) + " tokens=" + std::to_string(n_tokens));
+  std::vector<float> x = random_floats(n_tokens * k, rng);
+  x[0] = 4.0f;
+  std::vector<float> got(n_tokens * n, NAN), want(n_tokens * n, NAN);
+  backend.matmul(w.view, nullptr, x.data(), n_tokens, got.data());
+  if (scalar != nullptr) scalar->matmul(w.view, nullptr, x.data(), n_tokens, want.data());
+  int n_bad = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < n; ++r) {
+      double exact = 0, abs_sum = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double p = w.at(r, j) * x[t * k + j];
+        exact += p;
+        abs_sum += std::fabs(p);
+      }
+      const double tol = 1e-5 * abs_sum + 1e-7;
+      const double g = got[t * n + r];
+      const bool ok = std::fabs(g - exact) <= tol &&
+                      (scalar == nullptr || std::fabs(g - double{want[t * n + r]}) <= tol);
+      if (!ok && ++n_bad <= 5) {
+        ADD_FAILURE() << "row " << r << " token " << t << ": got " << g << ", reference " << exact
+                      << ", scalar level " << want[t * n + r] << " (tol " << tol << ")";
+      }
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulFp8) {
+  std::unique_ptr<Backend> scalar = make_backend({CpuIsa::kScalar, 1});
+  // DeepSeek's 128 x 128 blocks, with short last blocks both ways (k = 200: a last
+  // block of 72, off a 16-lane vector boundary); smaller blocks as weight_block_size
+  // may say; rows around the register tiles; one token (decode) and many.
+  struct Case {
+    int64_t n, k, br, bc;
+  };
+  for (const Case c : {Case{45, 256, 128, 128}, Case{130, 200, 128, 128}, Case{37, 100, 16, 32},
+                       Case{9, 48, 4, 16}, Case{64, 576, 32, 64}}) {
+    const Fp8Weights w(c.n, c.k, c.br, c.bc, rng_);
+    for (int64_t n_tokens : {1, 2, 5, 37}) check_fp8(*backend_, scalar.get(), w, n_tokens, rng_);
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulFp8IsBatchInvariant) {
+  for (const int64_t bc : {128, 48}) {
+    const Fp8Weights w(37, 200, 16, bc, rng_);
+    const int64_t n = 37, k = 200, n_tokens = 29;
+    std::vector<float> x = random_floats(n_tokens * k, rng_);
+    std::vector<float> y(n_tokens * n), y1(n);
+    backend_->prepare_matmul_weight(w.view);  // no packed form: a no-op
+    backend_->matmul(w.view, nullptr, x.data(), n_tokens, y.data());
+    for (int64_t tok = 0; tok < n_tokens; ++tok) {
+      backend_->matmul(w.view, nullptr, x.data() + tok * k, 1, y1.data());
+      ASSERT_EQ(std::memcmp(y1.data(), y.data() + tok * n, n * sizeof(float)), 0)
+          << "block_cols " << bc << " token " << tok;
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulFp8RowSliceOffBlockBoundary) {
+  // A view of rows [first, ...) of a bigger FP8 tensor (an expert's rows of a stacked
+  // tensor, a tensor-parallel shard) reads its scales through BlockScales::from_row:
+  // the same outputs as those rows of the whole product.
+  const Fp8Weights w(100, 256, 32, 128, rng_);
+  const int64_t k = 256, first = 21, rows = 50, n_tokens = 3;
+  TensorView slice = w.view;
+  slice.shape = {rows, k};
+  slice.data = w.q.data() + first * k;
+  slice.n_bytes = rows * k;
+  slice.block_scales = w.view.block_scales.from_row(first);
+  std::vector<float> x = random_floats(n_tokens * k, rng_);
+  std::vector<float> all(n_tokens * 100), part(n_tokens * rows);
+  backend_->matmul(w.view, nullptr, x.data(), n_tokens, all.data());
+  backend_->matmul(slice, nullptr, x.data(), n_tokens, part.data());
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(part[t * rows + r], all[t * 100 + first + r]) << "row " << r << " token " << t;
+    }
+  }
+}
+
+TEST_P(BackendOpsTest, GetRowsFp8) {
+  const Fp8Weights w(40, 64, 16, 32, rng_);
+  const int32_t ids[] = {3, 17, 39};
+  std::vector<float> out(3 * 64);
+  backend_->get_rows(w.view, ids, 3, out.data());
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 64; ++j) EXPECT_EQ(out[i * 64 + j], static_cast<float>(w.at(ids[i], j)));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, BackendOpsTest, testing::ValuesIn(all_configs()), config_name);
 
 TEST(CpuIsaTest, ParseAndDetect) {

@@ -15,6 +15,7 @@ ActFormat act_format_for(DType weight) {
     case DType::kF32:
     case DType::kF16:
     case DType::kBF16:
+    case DType::kF8_E4M3:  // converted inside the kernel (MatmulF8Fn)
       return ActFormat::kF32;
     case DType::kQ8_0:
     case DType::kQ4_0:
@@ -26,7 +27,6 @@ ActFormat act_format_for(DType weight) {
       return ActFormat::kQ8x256;
     case DType::kI8:
       return ActFormat::kQ8Token;
-    case DType::kF8_E4M3:  // converted at load (model/fp8_weights.h); no kernel
     case DType::kQ5_0:     // converted at load (tensor/requantize.h); no kernel
     case DType::kQ5_1:
     case DType::kI32:      // checkpoint metadata (loader/ascend_quant.h); no kernel

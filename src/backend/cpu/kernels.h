@@ -10,7 +10,8 @@
 //   ActFormat::kQ8Token one scale per token (W8A8: I8 weights), or the weight's
 //                       static input scale
 // F32 / F16 / BF16 weights take the activations as they are (ActFormat::kF32) and
-// compute in FP32.
+// compute in FP32; so do FP8 (E4M3) weights, converted to f32 inside the kernel,
+// with their block scales applied once per block of the reduction (MatmulF8Fn).
 //
 // Every level must quantise activations bit-identically (q = round-to-nearest-even of
 // x * (1 / d), d = max|x| / 127), so the levels differ only in float summation order.
@@ -24,6 +25,7 @@
 
 #include "backend/cpu/cpu_isa.h"
 #include "tensor/dtype.h"
+#include "tensor/tensor_view.h"
 
 namespace dserve::cpu {
 
@@ -106,6 +108,18 @@ using MatmulI8Fn = void (*)(const uint8_t* w, size_t w_stride, const float* w_sc
 using PackI8Fn = void (*)(const uint8_t* w, size_t w_stride, const float* w_scales,
                           int64_t n_rows, int64_t k, uint8_t* out);
 
+// FP8 E4M3 weights with block scales (TensorView::block_scales; scales.block_cols a
+// multiple of 16), F32 activation rows x_stride bytes apart: for r < n_rows, t <
+// n_tokens
+//   y[t * y_stride + r] = sum_b scales.row(r)[b] * (sum_{j in block b} fp8(w[r][j]) x[t][j])
+// over the blocks b of scales.block_cols columns (the last one may be shorter). Each
+// (row, token) result is one chain of operations that does not depend on n_rows or
+// n_tokens, so a token gets the same bits alone and in any batch; the levels differ
+// only in float summation order.
+using MatmulF8Fn = void (*)(const uint8_t* w, size_t w_stride, const BlockScales& scales,
+                            const uint8_t* x, size_t x_stride, int64_t k, int64_t n_rows,
+                            int64_t n_tokens, float* y, int64_t y_stride);
+
 // Computes y[t * y_stride + r] = dot(row r of w, activation row t) for r < n_rows,
 // t < n_tokens. w rows are w_stride bytes apart (blocks along k); activation rows
 // x_stride bytes apart in the weight type's ActFormat.
@@ -179,7 +193,7 @@ using QuantizeTilesFn = void (*)(const float* x, int64_t k, int64_t t, int64_t t
 void q8x32_quantize_to_tiles_generic(const float* x, int64_t k, int64_t t, int64_t tile,
                                      uint8_t* tiles);
 
-inline constexpr int kNumDTypes = 10;  // the DTypes a kernel reads (not F8_E4M3)
+inline constexpr int kNumDTypes = 11;  // the DTypes a kernel reads (F32 .. F8_E4M3)
 
 // One step of online-softmax attention (paged_attention.cc): n_q queries that share
 // a KV head against n_keys consecutive KV rows (a run of slots inside one block).
@@ -231,6 +245,10 @@ struct KernelTable {
   // token count and gives the per-row kernel's bits.
   MatmulI8Fn matmul_i8;
   PackI8Fn pack_i8;
+  // FP8 E4M3 with block scales (every level; matmul[kF8_E4M3] stays null): decode and
+  // many-token calls alike, each weight vector converted once per register tile of
+  // tokens.
+  MatmulF8Fn matmul_f8;
 
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x

@@ -6,6 +6,8 @@
 #include "backend/cpu/kernels_avx2_gemm.h"
 // W8A8 (int8 x int8) kernels, shared by both x86 levels.
 #include "backend/cpu/kernels_x86_w8a8.h"
+// FP8 E4M3 kernels (converted in registers), shared by both x86 levels.
+#include "backend/cpu/kernels_x86_fp8.h"
 
 namespace dserve::cpu {
 
@@ -14,6 +16,7 @@ const KernelTable& kernels_avx2() {
     KernelTable t = make_x86_table(CpuIsa::kAvx2);
     add_avx2_batched(t);
     add_x86_w8a8(t);
+    add_x86_fp8(t);
     return t;
   }();
   return table;

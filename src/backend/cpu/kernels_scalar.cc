@@ -2,6 +2,7 @@
 // same activation quantisation as the SIMD levels, the reference those are tested
 // against, so they favour clarity over speed.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -245,6 +246,35 @@ void matmul_i8(const uint8_t* w, size_t w_stride, const float* w_scales, const u
   }
 }
 
+// FP8 E4M3 with block scales (kernels.h, MatmulF8Fn): per block of the reduction, the
+// converted weights times x summed as dot_float_row does, then times the block's
+// scale, once.
+void matmul_f8(const uint8_t* w, size_t w_stride, const BlockScales& scales, const uint8_t* x,
+               size_t x_stride, int64_t k, int64_t n_rows, int64_t n_tokens, float* y,
+               int64_t y_stride) {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  const int64_t bc = scales.block_cols;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* xt = reinterpret_cast<const float*>(x + t * x_stride);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const uint8_t* q = w + r * w_stride;
+      const float* s = scales.row(r);
+      float acc = 0.0f;
+      for (int64_t b0 = 0; b0 < k; b0 += bc) {
+        const uint8_t* qb = q + b0;
+        const float part =
+            dot_float_row([qb](int64_t i) { return table[qb[i]]; }, xt + b0, std::min(bc, k - b0));
+        acc += s[b0 / bc] * part;
+      }
+      y[t * y_stride + r] = acc;
+    }
+  }
+}
+
 // ---- float helpers ----
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -344,6 +374,7 @@ KernelTable make_table() {
   t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_tile<DType::kQ5_K>;
   t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_tile<DType::kQ6_K>;
   t.matmul_i8 = matmul_i8;
+  t.matmul_f8 = matmul_f8;
   t.dot_f32 = dot_f32;
   t.axpy_f32 = axpy_f32;
   t.scale_f32 = scale_f32;

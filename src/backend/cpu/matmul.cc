@@ -13,6 +13,10 @@
 // repacks 16 rows at a time into per-thread scratch (matmul_batched), else the
 // per-row tile kernels (matmul[]). The first two give the same bits.
 //
+// FP8 weights (DType::kF8_E4M3) take the F32 activations and run the level's per-row
+// kernel (matmul_f8) for every token count: it converts each weight vector once per
+// register tile of tokens and applies the block scales (TensorView::block_scales).
+//
 // W8A8 weights (DType::kI8) take activations quantised per token (or with the
 // weight's static input scale): their packed copy serves every token count, else
 // the level's per-row int8 kernel (matmul_i8). Weights of one group that need
@@ -192,6 +196,8 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       TargetPlan& plan = plans[n_plans++];
       plan = TargetPlan{g, i, Path::kRows, nullptr};
       const bool is_i8 = w.dtype == DType::kI8;
+      DS_CHECK_MSG(w.dtype != DType::kF8_E4M3 || w.block_scales.data != nullptr,
+                   "matmul: an f8_e4m3 weight without block scales");
       if (is_i8) {
         DS_CHECK_MSG(w.row_scales != nullptr, "matmul: an i8 weight without row scales");
         in.i8_input_scale = w.input_scale;
@@ -375,6 +381,15 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
         const uint8_t* rows = fi == 0 ? reinterpret_cast<const uint8_t*>(group.x)
                                       : quantised[fi] + in.rows_at[fi];
         const int64_t row_bytes = fi == 0 ? k * 4 : in.row_bytes[fi];
+        if (w.dtype == DType::kF8_E4M3) {
+          const BlockScales scales = w.block_scales.from_row(task.r0);
+          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
+            kernels_.matmul_f8(wb, w_stride, scales, rows + t0 * row_bytes, row_bytes, k,
+                               task.n_rows, std::min(kTokenBlock, n_tokens - t0),
+                               y + t0 * n + task.r0, n);
+          }
+          break;
+        }
         if (w.dtype == DType::kI8) {
           for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
             kernels_.matmul_i8(wb, w_stride, w.row_scales + task.r0, rows + t0 * row_bytes,

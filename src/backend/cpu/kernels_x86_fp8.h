@@ -1,0 +1,170 @@
+// FP8 E4M3 (DType::kF8_E4M3) matmul kernels for the x86 levels: one byte per weight,
+// converted to f32 in registers, times F32 activations, with the weight's block scales
+// applied once per block of the reduction (kernels.h, MatmulF8Fn). Included by
+// kernels_avx2.cc and kernels_avx512.cc after kernels_x86_impl.h (VecF: 8 lanes with
+// AVX2, 16 with AVX-512), so one source serves both levels.
+//
+// The conversion: an E4M3 byte s.eeee.mmm, sign-extended to 16 bits, shifted left by
+// 7 and masked with 0xBF80 is the IEEE half s.0eeee.mmm0000000, which is the E4M3
+// value times 2^-8 (exponent bias 15 instead of 7) for normal and subnormal values
+// alike; vcvtph2ps widens it exactly and one multiply by 256 gives the value (never a
+// denormal f32 on the way, which would be slow on some cores). E4M3 has no infinity;
+// its NaN (s.1111.111) would come out as +-480, so it is made a half NaN first, as
+// tensor/half.h's fp8_e4m3_to_f32 reads it.
+//
+// A register tile is NR rows x NT tokens; each (row, token) pair has its own
+// accumulators: `block` sums one block of columns (FMA over vectors), then `acc` +=
+// block * scale (one FMA per block), and the partial vector of a short last block goes
+// to a scalar sum taken by the last scale at the end. The operations of one pair are
+// the same whatever NR and NT are, so a token's result does not depend on its batch.
+// block_cols must be a multiple of 16 (attach time checks it), so only the last block
+// can end off a vector boundary.
+#pragma once
+
+#if !defined(__AVX2__) || !defined(__F16C__)
+#error "kernels_x86_fp8.h needs -mavx2 -mf16c"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+
+namespace dserve::cpu {
+namespace {
+
+// Rows and tokens per register tile: accumulators (2 per pair) plus the activation
+// and weight vectors fit 16 registers (AVX2) or 32 (AVX-512). Decode (one token)
+// takes more rows so the per-row work spreads over more loads.
+#if defined(__AVX512F__)
+constexpr int kF8Rows = 2, kF8Tokens = 4;
+#else
+constexpr int kF8Rows = 1, kF8Tokens = 4;
+#endif
+constexpr int kF8DecodeRows = 4;
+
+// 8 E4M3 bytes as IEEE halves (see the top of this file), in a 128-bit register.
+inline __m128i f8x8_to_f16(__m128i bytes) {
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16(-0x4080));
+  const __m128i mag = _mm_and_si128(h, _mm_set1_epi16(0x3f80));
+  const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80));
+  return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
+}
+
+// VecF::kWidth weights from p, as floats.
+inline VecF::T f8_load(const uint8_t* p) {
+#if defined(__AVX512F__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i lo = f8x8_to_f16(bytes), hi = f8x8_to_f16(_mm_srli_si128(bytes, 8));
+  const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+#else
+  const __m128i h = f8x8_to_f16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+#endif
+}
+
+// One weight, the same conversion (for the tail of a short last block).
+inline float f8_load1(uint8_t b) {
+  return _mm_cvtss_f32(_mm_mul_ss(_mm_cvtph_ps(f8x8_to_f16(_mm_cvtsi32_si128(b))), _mm_set_ss(256.0f)));
+}
+
+template <int NR, int NT>
+void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const float* const* x,
+             int64_t k, float* y, int64_t y_stride) {
+  constexpr int W = VecF::kWidth;
+  const int64_t bc = scales.block_cols;
+  const uint8_t* q[NR];
+  const float* s[NR];
+  for (int r = 0; r < NR; ++r) {
+    q[r] = w + r * w_stride;
+    s[r] = scales.row(r);
+  }
+  VecF::T acc[NR][NT];
+  float tail[NR][NT];
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) {
+      acc[r][t] = VecF::zero();
+      tail[r][t] = 0.0f;
+    }
+  }
+  int64_t b0 = 0;
+  for (; b0 < k; b0 += bc) {
+    const int64_t end = b0 + bc < k ? b0 + bc : k;
+    VecF::T block[NR][NT];
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) block[r][t] = VecF::zero();
+    }
+    int64_t i = b0;
+    for (; i + W <= end; i += W) {
+      VecF::T xv[NT];
+      for (int t = 0; t < NT; ++t) xv[t] = VecF::load(x[t] + i);
+      for (int r = 0; r < NR; ++r) {
+        const VecF::T wv = f8_load(q[r] + i);
+        for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(wv, xv[t], block[r][t]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const VecF::T sv = VecF::set1(s[r][b0 / bc]);
+      for (int t = 0; t < NT; ++t) acc[r][t] = VecF::fma(block[r][t], sv, acc[r][t]);
+    }
+    for (; i < end; ++i) {  // only in a short last block
+      for (int r = 0; r < NR; ++r) {
+        const float wi = f8_load1(q[r][i]);
+        for (int t = 0; t < NT; ++t) tail[r][t] = fma1(wi, x[t][i], tail[r][t]);
+      }
+    }
+  }
+  const int64_t last = (k - 1) / bc;
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = fma1(tail[r][t], s[r][last], VecF::sum(acc[r][t]));
+  }
+}
+
+// Calls f(std::integral_constant<int, n>{}) for a run-time n in [1, Max].
+template <int Max, typename F>
+inline void f8_dispatch(int n, F&& f) {
+  if constexpr (Max >= 1) {
+    if (n == Max) {
+      f(std::integral_constant<int, Max>{});
+    } else {
+      f8_dispatch<Max - 1>(n, f);
+    }
+  }
+}
+
+void matmul_f8_x86(const uint8_t* w, size_t w_stride, const BlockScales& scales, const uint8_t* x,
+                   size_t x_stride, int64_t k, int64_t n_rows, int64_t n_tokens, float* y,
+                   int64_t y_stride) {
+  if (k <= 0) {
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t r = 0; r < n_rows; ++r) y[t * y_stride + r] = 0.0f;
+    }
+    return;
+  }
+  constexpr int kMaxRows = kF8Rows > kF8DecodeRows ? kF8Rows : kF8DecodeRows;
+  const int max_rows = n_tokens == 1 ? kF8DecodeRows : kF8Rows;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += max_rows) {
+    const int nr = static_cast<int>(n_rows - r0 < max_rows ? n_rows - r0 : max_rows);
+    const BlockScales s = scales.from_row(r0);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kF8Tokens) {
+      const int nt = static_cast<int>(n_tokens - t0 < kF8Tokens ? n_tokens - t0 : kF8Tokens);
+      const float* xs[kF8Tokens];
+      for (int t = 0; t < nt; ++t) xs[t] = reinterpret_cast<const float*>(x + (t0 + t) * x_stride);
+      float* out = y + t0 * y_stride + r0;
+      f8_dispatch<kMaxRows>(nr, [&](auto r) {
+        f8_dispatch<kF8Tokens>(nt, [&](auto t) {
+          f8_tile<decltype(r)::value, decltype(t)::value>(w + r0 * w_stride, w_stride, s, xs, k, out,
+                                                          y_stride);
+        });
+      });
+    }
+  }
+}
+
+inline void add_x86_fp8(KernelTable& t) { t.matmul_f8 = matmul_f8_x86; }
+
+}  // namespace
+}  // namespace dserve::cpu
