@@ -51,6 +51,9 @@ struct LlmOptions {
   int n_threads = 0;  // 0: one per core
   std::string isa;    // force "scalar", "avx2" or "avx512" kernels; empty: best available
   std::string quantization;  // expected weight quantisation (ModelFiles::open); empty: any
+  // FP8 checkpoints: "fp8" keeps the weights at 1 byte each (the kernels convert),
+  // "bf16" converts them at load.
+  std::string fp8_weights = "fp8";
   // Optional: loads the model in place of load_causal_lm(files, backend, context), e.g.
   // as rank 0 of a tensor-parallel group (the CLI's launcher). On any other rank it
   // does not return.

@@ -40,6 +40,7 @@ Status bench(const BenchThroughputOptions& o) {
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
   lo.quantization = o.common.quantization;
+  lo.fp8_weights = o.common.fp8_weights;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LLM> llm, LLM::create(path, lo));
 
   std::vector<SampleRequest> samples;

@@ -49,7 +49,8 @@ Result<std::unique_ptr<ModelFiles>> open_model_files(const CommonOptions& option
     }
     return not_found(path + ": no such file or directory");
   }
-  return ModelFiles::open(path, options.quantization);
+  return ModelFiles::open(path, options.quantization,
+                          options.fp8_weights == "bf16" ? Fp8Weights::kBf16 : Fp8Weights::kFp8);
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const CommonOptions& options) {

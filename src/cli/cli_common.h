@@ -29,7 +29,15 @@ struct CommonOptions {
   // The weights' quantisation the user expects ("compressed-tensors", "ascend");
   // empty: whatever the files say (ModelFiles::open).
   std::string quantization;
+  // How FP8 checkpoints' weights are held: "fp8" (1 byte per weight, the kernels
+  // convert) or "bf16" (converted at load). See loader/model_files.h, Fp8Weights.
+  std::string fp8_weights = "fp8";
 };
+
+// CLI11 check and help text shared by every subcommand that takes --fp8-weights.
+inline constexpr const char* kFp8WeightsHelp =
+    "FP8 checkpoints (DeepSeek-V3/R1): fp8 keeps the weights in FP8, 1 byte per weight, "
+    "converted inside the kernels (default); bf16 converts them at load (2 bytes per weight)";
 
 // $DSERVE_MODEL, else $DSERVE_CACHE (default ~/.cache/dserve)/models/<default gguf>.
 std::string default_model_path();

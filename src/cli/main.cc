@@ -34,6 +34,9 @@ void add_common_options(CLI::App* cmd, CommonOptions* o) {
                   "the weights' quantisation: compressed-tensors (W8A8) or ascend; default: "
                   "read from the files (a mismatch is an error)")
       ->check(CLI::IsMember({"compressed-tensors", "ascend"}));
+  cmd->add_option("--fp8-weights", o->fp8_weights, dserve::cli::kFp8WeightsHelp)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp8", "bf16"}));
 }
 
 int run(int argc, char** argv) {

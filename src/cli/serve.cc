@@ -72,6 +72,9 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   cmd->add_option("--seed", o->seed, "seed for requests that bring none (default: random)");
   cmd->add_option("--dtype", o->dtype, "activation dtype: auto or float32")->capture_default_str();
+  cmd->add_option("--fp8-weights", o->common.fp8_weights, kFp8WeightsHelp)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp8", "bf16"}));
   cmd->add_option("--quantization,-q", o->quantization,
                   "weight quantisation: empty (as stored; GGUF, FP8 and W8A8 checkpoints are "
                   "detected), fp8, compressed-tensors (W8A8) or ascend; one the files "
@@ -295,6 +298,7 @@ int run_serve(ServeOptions o) {
   lo.isa = o.common.isa;
   // fp8 is how FP8 checkpoints load anyway; the W8A8 formats are checked by the loader.
   lo.quantization = o.quantization == "fp8" ? "" : o.quantization;
+  lo.fp8_weights = o.common.fp8_weights;
   if (o.tp.size > 1) {
     lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
       return load_model_on_ranks(o.tp, std::move(files), backend, context,

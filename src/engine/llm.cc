@@ -60,7 +60,12 @@ static Result<int64_t> kv_budget_from_utilization(const LlmOptions& o, const Mod
 
 Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const LlmOptions& o) {
   std::unique_ptr<LLM> llm(new LLM());
-  DS_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files, ModelFiles::open(model_path, o.quantization));
+  if (o.fp8_weights != "fp8" && o.fp8_weights != "bf16") {
+    return invalid_argument("fp8_weights '" + o.fp8_weights + "': fp8 or bf16");
+  }
+  DS_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files,
+                      ModelFiles::open(model_path, o.quantization,
+                                       o.fp8_weights == "bf16" ? Fp8Weights::kBf16 : Fp8Weights::kFp8));
   DS_ASSIGN_OR_RETURN(ModelInfo info, read_model_info(*files));
   Result<std::unique_ptr<Tokenizer>> tok = Tokenizer::from_model_files(*files);
   if (tok.ok()) {

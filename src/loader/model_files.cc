@@ -255,8 +255,10 @@ std::string ModelFiles::weights_summary() const {
 }
 
 Result<std::unique_ptr<ModelFiles>> ModelFiles::open(const std::string& path,
-                                                    const std::string& quantization) {
+                                                    const std::string& quantization,
+                                                    Fp8Weights fp8_weights) {
   auto files = std::unique_ptr<ModelFiles>(new ModelFiles());
+  files->fp8_weights_ = fp8_weights;
   // Trailing slashes would otherwise end up in every error message as "dir//file".
   files->path_ = path;
   while (files->path_.size() > 1 && files->path_.back() == '/') files->path_.pop_back();

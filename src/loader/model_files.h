@@ -35,6 +35,11 @@ namespace dserve {
 
 class SafetensorsFile;
 
+// How FP8 (float8_e4m3fn, block-scaled) weights are held once loaded
+// (model/fp8_weights.h): kept at 1 byte per weight, read by the kernels with their
+// block scales (the default), or converted to BF16 at load (--fp8-weights bf16).
+enum class Fp8Weights { kFp8, kBf16 };
+
 enum class ModelFormat { kHuggingFace, kGguf };
 
 class ModelFiles {
@@ -44,8 +49,10 @@ class ModelFiles {
   // expects the weights to be: "compressed-tensors" (W8A8, loader/compressed_tensors.h),
   // "ascend" (msModelSlim's layout: not read yet), or empty to take what the files
   // say; files that say otherwise are an InvalidArgument error.
+  // `fp8_weights`: how a model built from these files holds FP8 weights.
   static Result<std::unique_ptr<ModelFiles>> open(const std::string& path,
-                                                  const std::string& quantization = "");
+                                                  const std::string& quantization = "",
+                                                  Fp8Weights fp8_weights = Fp8Weights::kFp8);
   ~ModelFiles();
   ModelFiles(const ModelFiles&) = delete;
   ModelFiles& operator=(const ModelFiles&) = delete;
@@ -76,6 +83,7 @@ class ModelFiles {
   size_t total_tensor_bytes() const;
   // The weights' quantisation format: "compressed-tensors", or empty for none.
   const std::string& quantization() const { return quantization_; }
+  Fp8Weights fp8_weights() const { return fp8_weights_; }
   // One line for start-up logs: the weights' formats and bytes ("i8 W8A8 dynamic
   // per-token activations: 1.2 MiB in 14 tensors; f32: ...").
   std::string weights_summary() const;
@@ -102,6 +110,7 @@ class ModelFiles {
   std::vector<std::vector<uint8_t>> converted_;
   bool rope_pairs_interleaved_ = false;
   std::string quantization_;
+  Fp8Weights fp8_weights_ = Fp8Weights::kFp8;
   std::vector<std::vector<float>> scales_;  // float copies of int8 weights' scales
   AscendQuantStorage ascend_;               // msModelSlim's scales, biases, folded weights
 };

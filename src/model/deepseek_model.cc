@@ -27,6 +27,7 @@ TensorView row_slice(const TensorView& t, int64_t first, int64_t n_rows) {
   v.n_bytes = static_cast<size_t>(n_rows) * t.row_bytes();
   if (t.row_scales != nullptr) v.row_scales = t.row_scales + first;  // I8: its rows' scales
   if (t.row_bias != nullptr) v.row_bias = t.row_bias + first;
+  if (t.block_scales.data != nullptr) v.block_scales = t.block_scales.from_row(first);  // FP8
   v.input_scale = t.input_scale;
   v.input_offset = t.input_offset;
   return v;
@@ -38,6 +39,7 @@ TensorView row_slice(const TensorView& t, int64_t first, int64_t n_rows) {
 // (with no bytes) a slice of a file tensor that needs a stable address.
 struct DeepseekModel::OwnedTensor {
   std::vector<uint8_t> bytes;
+  std::vector<float> scales;  // an FP8 view's block scales (view.block_scales.data)
   TensorView view;
 };
 
@@ -67,6 +69,17 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
   DS_RETURN_IF_ERROR(model->plan_shards());
   DS_RETURN_IF_ERROR(model->bind_weights());
   DS_LOG_INFO("{}", model->config_.summary());
+  DS_LOG_INFO("weights: {:.1f} MiB for the model as held ({:.1f} MiB on this rank), {:.1f} MiB of "
+              "them in memory dserve made at load (the rest mapped from the files)",
+              mib(model->model_weight_bytes_), mib(model->rank_weight_bytes_), mib(model->owned_bytes()));
+  if (const Fp8Counts& f = model->fp8_; f.n_kept + f.n_converted > 0) {
+    DS_LOG_INFO("FP8 weights (--fp8-weights {}): {} kept as f8_e4m3, {:.1f} MiB at 1 byte per "
+                "weight plus {:.2f} MiB of f32 block scales; {} converted to bf16, {:.1f} MiB at 2 "
+                "bytes per weight (kv_b_proj, split for MLA's absorbed form, and tensor-parallel "
+                "cuts through a block)",
+                model->files_->fp8_weights() == Fp8Weights::kFp8 ? "fp8" : "bf16", f.n_kept,
+                mib(f.kept_bytes), mib(f.scale_bytes), f.n_converted, mib(f.converted_bytes));
+  }
   if (comm->size() > 1) {
     const DeepseekConfig &c = model->config_, &sh = model->shard_;
     DS_LOG_INFO("tensor parallel rank {}/{}: weights {} of {} bytes ({:.1f} of {:.1f} MiB; {:.1f} MiB "
@@ -81,6 +94,12 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
     }
   }
   return model;
+}
+
+size_t DeepseekModel::owned_bytes() const {
+  size_t n = 0;
+  for (const auto& t : owned_) n += t->bytes.size() + t->scales.size() * sizeof(float);
+  return n + shards_.copied_bytes();
 }
 
 const TensorView* DeepseekModel::own(TensorView view, std::vector<uint8_t> bytes) {
@@ -140,6 +159,23 @@ Status DeepseekModel::take_rows(const TensorView** t, const std::string& name, i
 Status DeepseekModel::take_columns(const TensorView** t, const std::string& name, int64_t b, int64_t e) {
   if (comm_->size() == 1 || *t == nullptr) return Status::Ok();
   const size_t full = (*t)->n_bytes;
+  if (const BlockScales& s = (*t)->block_scales; s.data != nullptr) {
+    const int64_t n_cols = (*t)->shape[1];
+    if (b % s.block_cols != 0 || (e % s.block_cols != 0 && e != n_cols)) {
+      // The rank's columns cut an FP8 block: this tensor is converted to BF16 (whole,
+      // then cut), since a block's one scale cannot be split between ranks' kernels.
+      DS_LOG_INFO("{}: columns [{}, {}) cut its {}-column FP8 blocks; converted to bf16", name, b, e,
+                  s.block_cols);
+      fp8_.n_kept -= 1;
+      fp8_.kept_bytes -= full;
+      fp8_.scale_bytes -= static_cast<size_t>(((*t)->shape[0] + s.row0 + s.block_rows - 1) / s.block_rows *
+                                              s.stride) * sizeof(float);
+      *t = own_converted_fp8(**t);
+      rank_weight_bytes_ += (*t)->n_bytes - full;
+      model_weight_bytes_ += (*t)->n_bytes - full;
+      return take_columns(t, name, b, e);
+    }
+  }
   DS_ASSIGN_OR_RETURN(*t, shards_.columns(**t, name, b, e));
   rank_weight_bytes_ = rank_weight_bytes_ - full + (*t)->n_bytes;
   return Status::Ok();
@@ -153,8 +189,16 @@ Status DeepseekModel::shard_mlp(const std::string& prefix, int64_t inter, Mlp* m
   return take_columns(&m->down, prefix + "down_proj.weight", b, b + share);
 }
 
+const TensorView* DeepseekModel::own_converted_fp8(const TensorView& t) {
+  Fp8Converted converted = convert_fp8_to_bf16(t);
+  ++fp8_.n_converted;
+  fp8_.converted_bytes += converted.bytes.size();
+  return own(std::move(converted.view), std::move(converted.bytes));
+}
+
 Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& expected,
-                           bool required, bool float_only, const TensorView** out) {
+                           bool required, bool float_only, const TensorView** out,
+                           bool keep_fp8) {
   const ModelFiles& f = *files_;
   const TensorView* t = f.find(name);
   if (t == nullptr) {
@@ -167,8 +211,23 @@ Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& 
                    " but " + config_.source + " implies " + shape_to_string(expected));
   }
   if (t->dtype == DType::kF8_E4M3) {
-    DS_ASSIGN_OR_RETURN(Fp8Converted converted, convert_fp8_weight(f, name, *t));
-    t = own(std::move(converted.view), std::move(converted.bytes));
+    DS_ASSIGN_OR_RETURN(Fp8Scales scales, read_fp8_block_scales(f, name, *t));
+    auto kept = std::make_unique<OwnedTensor>();  // a view into the files plus its scales
+    kept->scales = std::move(scales.values);
+    kept->view = *t;
+    kept->view.block_scales = scales.layout;
+    kept->view.block_scales.data = kept->scales.data();
+    owned_.push_back(std::move(kept));
+    t = &owned_.back()->view;
+    // The kernels step through a block 16 columns at a time (kernels.h, MatmulF8Fn).
+    const bool kernel_reads = t->block_scales.block_cols % 16 == 0;
+    if (keep_fp8 && kernel_reads && f.fp8_weights() == Fp8Weights::kFp8) {
+      ++fp8_.n_kept;
+      fp8_.kept_bytes += t->n_bytes;
+      fp8_.scale_bytes += owned_.back()->scales.size() * sizeof(float);
+    } else {
+      t = own_converted_fp8(*t);
+    }
   }
   if (float_only && !is_float_dtype(t->dtype)) {
     return unimplemented(f.path() + ": tensor '" + name + "' has type " +
@@ -367,7 +426,10 @@ Status DeepseekModel::bind_weights() {
         bind(a + "kv_a_proj_with_mqa.weight", {r + rope, hidden}, true, false, &w.kv_a));
     DS_RETURN_IF_ERROR(bind(a + "kv_a_layernorm.weight", {r}, true, true, &w.kv_a_norm));
     const int64_t kvb_rows = c.qk_nope_head_dim + c.v_head_dim;  // per head
-    DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * kvb_rows, r}, false, false, &w.kv_b));
+    // kv_b_proj is split into W_UK (transposed) and W_UV at load (build_absorbed): an
+    // FP8 kv_b_proj is converted to BF16 (counted in the start-up log's FP8 line).
+    DS_RETURN_IF_ERROR(
+        bind(a + "kv_b_proj.weight", {H * kvb_rows, r}, false, false, &w.kv_b, /*keep_fp8=*/false));
     DS_RETURN_IF_ERROR(take_rows(&w.kv_b, a + "kv_b_proj.weight", h0 * kvb_rows, (h0 + Hl) * kvb_rows));
     if (w.kv_b == nullptr) can_expand_ = false;
     DS_RETURN_IF_ERROR(build_absorbed(l, &w));

@@ -186,14 +186,20 @@ class DeepseekModel {
   Status take_columns(const TensorView** t, const std::string& name, int64_t b, int64_t e);
   // An Mlp of intermediate size `inter` (full) cut to this rank's share.
   Status shard_mlp(const std::string& prefix, int64_t inter, Mlp* m);
-  // The tensor `name` with the expected shape, converted from FP8 if needed; null and
-  // OK when absent and not required.
+  // The tensor `name` with the expected shape; null and OK when absent and not
+  // required. FP8 weights come with their block scales attached (1 byte per weight),
+  // or converted to BF16 when the files say --fp8-weights bf16 or !keep_fp8 (a weight
+  // dserve must transform at load).
   Status bind(const std::string& name, const std::vector<int64_t>& expected, bool required,
-              bool float_only, const TensorView** out);
+              bool float_only, const TensorView** out, bool keep_fp8 = true);
+  // An FP8 view (with block scales) converted to BF16 in owned memory, counted in fp8_.
+  const TensorView* own_converted_fp8(const TensorView& t);
   Status bind_mlp(const std::string& prefix, int64_t inter, Mlp* out);
   Status bind_experts(int layer, LayerWeights* w);
   Status build_absorbed(int layer, LayerWeights* w);
   const TensorView* own(TensorView view, std::vector<uint8_t> bytes);
+  // Bytes of weights held in memory made at load (conversions, copies, block scales).
+  size_t owned_bytes() const;
 
   void attention(int layer, int64_t n, std::span<const int32_t> positions, MlaKvCache& kv,
                  bool absorbed);
@@ -246,6 +252,12 @@ class DeepseekModel {
   const TensorView* lm_head_ = nullptr;     // [vocab, hidden]
   std::vector<LayerWeights> layers_;
   std::vector<std::unique_ptr<OwnedTensor>> owned_;  // converted FP8 weights, W_UKᵀ
+  // FP8 weights as held (whole-model tensors, before any tensor-parallel cut): kept at
+  // 1 byte per weight with their F32 block scales, or converted to BF16.
+  struct Fp8Counts {
+    int64_t n_kept = 0, n_converted = 0;
+    size_t kept_bytes = 0, scale_bytes = 0, converted_bytes = 0;
+  } fp8_;
 
   Scratch scratch_;
   MoeStats moe_stats_;

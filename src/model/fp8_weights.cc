@@ -4,6 +4,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/check.h"
 #include "tensor/dequantize.h"
 #include "tensor/half.h"
 
@@ -36,7 +37,7 @@ Status block_size(const ModelFiles& files, int64_t* rows, int64_t* cols) {
 
 }  // namespace
 
-Result<Fp8Converted> convert_fp8_weight(const ModelFiles& files, const std::string& name,
+Result<Fp8Scales> read_fp8_block_scales(const ModelFiles& files, const std::string& name,
                                         const TensorView& weight) {
   if (weight.dtype != DType::kF8_E4M3 || weight.n_dims() != 2) {
     return unimplemented(files.path() + ": tensor '" + name + "' is " +
@@ -63,22 +64,30 @@ Result<Fp8Converted> convert_fp8_weight(const ModelFiles& files, const std::stri
   if (scale->dtype != DType::kF32 && scale->dtype != DType::kBF16 && scale->dtype != DType::kF16) {
     return unimplemented(files.path() + ": tensor '" + scale_name + "' must be f32, bf16 or f16");
   }
-  std::vector<float> scales(static_cast<size_t>(expected[0] * expected[1]));
-  dequantize_row(scale->dtype, scale->data, scales.data(), static_cast<int64_t>(scales.size()));
+  Fp8Scales out;
+  out.values.resize(static_cast<size_t>(expected[0] * expected[1]));
+  dequantize_row(scale->dtype, scale->data, out.values.data(), static_cast<int64_t>(out.values.size()));
+  out.layout = BlockScales{nullptr, expected[1], br, bc, 0};
+  return out;
+}
 
+Fp8Converted convert_fp8_to_bf16(const TensorView& weight) {
+  DS_CHECK(weight.dtype == DType::kF8_E4M3 && weight.n_dims() == 2 && weight.block_scales.data != nullptr);
+  const int64_t n_out = weight.shape[0], n_in = weight.shape[1];
+  const BlockScales& scales = weight.block_scales;
   Fp8Converted out;
   out.view.dtype = DType::kBF16;
   out.view.shape = weight.shape;
   out.bytes.resize(static_cast<size_t>(n_out * n_in) * 2);
   float lut[256];
   for (int i = 0; i < 256; ++i) lut[i] = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
-  const uint8_t* src = static_cast<const uint8_t*>(weight.data);
   uint16_t* dst = reinterpret_cast<uint16_t*>(out.bytes.data());
   auto convert_rows = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const float* srow = &scales[(i / br) * expected[1]];
+      const uint8_t* src = weight.row(i);
+      const float* srow = scales.row(i);
       for (int64_t j = 0; j < n_in; ++j) {
-        dst[i * n_in + j] = f32_to_bf16(lut[src[i * n_in + j]] * srow[j / bc]);
+        dst[i * n_in + j] = f32_to_bf16(lut[src[j]] * srow[j / scales.block_cols]);
       }
     }
   };
@@ -98,6 +107,15 @@ Result<Fp8Converted> convert_fp8_weight(const ModelFiles& files, const std::stri
   }
   for (std::thread& t : threads) t.join();
   return out;
+}
+
+Result<Fp8Converted> convert_fp8_weight(const ModelFiles& files, const std::string& name,
+                                        const TensorView& weight) {
+  DS_ASSIGN_OR_RETURN(Fp8Scales scales, read_fp8_block_scales(files, name, weight));
+  TensorView w = weight;
+  w.block_scales = scales.layout;
+  w.block_scales.data = scales.values.data();
+  return convert_fp8_to_bf16(w);
 }
 
 }  // namespace dserve

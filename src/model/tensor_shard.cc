@@ -21,6 +21,7 @@ Result<const TensorView*> TensorShards::rows(const TensorView& t, const std::str
     v.n_bytes = static_cast<size_t>(end - begin) * t.row_bytes();
     if (t.row_scales != nullptr) v.row_scales = t.row_scales + begin;  // I8: the rows' scales
     if (t.row_bias != nullptr) v.row_bias = t.row_bias + begin;
+    if (t.block_scales.data != nullptr) v.block_scales = t.block_scales.from_row(begin);  // FP8
   }
   views_.push_back(std::move(v));
   return &views_.back();
@@ -40,6 +41,14 @@ Result<const TensorView*> TensorShards::columns(const TensorView& t, const std::
                             "; choose a --tensor-parallel-size that keeps each rank's share a multiple of " +
                             std::to_string(block));
   }
+  const BlockScales& scales = t.block_scales;  // FP8: the cut must keep whole blocks
+  if (scales.data != nullptr &&
+      (begin % scales.block_cols != 0 || (end % scales.block_cols != 0 && end != t.shape[1]))) {
+    return invalid_argument("tensor '" + name + "' is FP8 in blocks of " + std::to_string(scales.block_cols) +
+                            " columns with one scale each, so its input dimension cannot be split at " +
+                            std::to_string(begin) + ".." + std::to_string(end) +
+                            "; convert it to bf16 first (--fp8-weights bf16)");
+  }
   const int64_t n_rows = t.shape[0];
   const size_t offset = dtype_bytes(t.dtype, begin);
   const size_t row_bytes = dtype_bytes(t.dtype, end - begin);
@@ -55,6 +64,7 @@ Result<const TensorView*> TensorShards::columns(const TensorView& t, const std::
   // I8 row biases are whole-row constants: the partial sums of the ranks add up to the
   // row's product, so only the first columns' share adds the bias (as vllm-ascend's rank 0).
   if (begin != 0) v.row_bias = nullptr;
+  if (scales.data != nullptr) v.block_scales.data = scales.data + begin / scales.block_cols;
   v.data = buffer.get();
   v.n_bytes = total;
   copied_bytes_ += total;

@@ -152,21 +152,21 @@ def _case(name):
     return next(c for c in CASES if c["name"] == name)
 
 
-def _dserve_logprobs(dserve_bin, model_dir, prompt, tmp_path, batch=512):
+def _dserve_logprobs(dserve_bin, model_dir, prompt, tmp_path, batch=512, extra=()):
     ids = tmp_path / "ids.txt"
     ids.write_text(",".join(map(str, prompt)))
     out = tmp_path / f"logprobs-{batch}.json"
     run([dserve_bin, "perplexity", "--model", model_dir, "--token-ids", ids, "--batch", batch,
-         "--logprobs-out", out, "--threads", 2])
+         "--logprobs-out", out, "--threads", 2, *extra])
     rows = json.loads(out.read_text())["scored"]
     assert [r["position"] for r in rows] == list(range(1, len(prompt)))
     return [r["logprob"] for r in rows]
 
 
-def _dserve_generate(dserve_bin, model_dir, prompt, log_level="warning"):
+def _dserve_generate(dserve_bin, model_dir, prompt, log_level="warning", extra=()):
     r = run([dserve_bin, "generate", "--model", model_dir, "--prompt-ids",
              ",".join(map(str, prompt)), "--max-tokens", GEN_LEN, "--temperature", 0,
-             "--print-ids", "--ignore-eos", "--threads", 2, "--log-level", log_level])
+             "--print-ids", "--ignore-eos", "--threads", 2, "--log-level", log_level, *extra])
     return [int(x) for x in r.stdout.strip().split(",")], r.stderr
 
 
@@ -253,40 +253,62 @@ def _fp8_fixture():
 
     def build(tmp):
         tensors = safetensors_torch.load_file(src_dir / "model.safetensors")
-        fp8, deq = {}, {}
+        fp8, kept, bf16 = {}, {}, {}
         for name, t in tensors.items():
             if _is_fp8_linear(name, t):
                 q, s = _fp8_quantize(t)
                 fp8[name], fp8[name + "_scale_inv"] = q, s
-                # dserve converts FP8 to BF16 at load; the reference uses the same values.
-                deq[name] = _fp8_dequantize(q, s).to(torch.bfloat16).float()
+                deq = _fp8_dequantize(q, s)
+                # --fp8-weights bf16: dserve converts every FP8 weight to BF16 at load.
+                bf16[name] = deq.to(torch.bfloat16).float()
+                # --fp8-weights fp8 (the default): the kernels read fp8 * scale exactly,
+                # except kv_b_proj, which dserve splits for MLA at load and so converts.
+                kept[name] = bf16[name] if name.endswith("kv_b_proj.weight") else deq
             else:
-                fp8[name] = deq[name] = t
+                fp8[name] = kept[name] = bf16[name] = t
         safetensors_torch.save_file(fp8, tmp / "model.safetensors", metadata={"format": "pt"})
         config = json.loads((src_dir / "config.json").read_text())
         config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
                                          "activation_scheme": "dynamic",
                                          "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        # Reference: transformers on the dequantised weights, in F32.
-        ref_dir = tmp / "dequantised"
-        ref_dir.mkdir()
-        shutil.copy(src_dir / "config.json", ref_dir / "config.json")
-        safetensors_torch.save_file(deq, ref_dir / "model.safetensors", metadata={"format": "pt"})
-        out = {"prompt": ref["prompt"], "native": _reference(_load(ref_dir), ref["prompt"]),
-               "n_fp8": sum(1 for n in fp8 if n.endswith("_scale_inv"))}
+        # References: transformers on the dequantised weights, in F32, as each mode
+        # holds them.
+        out = {"prompt": ref["prompt"], "n_fp8": sum(1 for n in fp8 if n.endswith("_scale_inv"))}
+        for mode, weights in (("fp8", kept), ("bf16", bf16)):
+            ref_dir = tmp / f"dequantised-{mode}"
+            ref_dir.mkdir()
+            shutil.copy(src_dir / "config.json", ref_dir / "config.json")
+            safetensors_torch.save_file(weights, ref_dir / "model.safetensors",
+                                        metadata={"format": "pt"})
+            out[mode] = _reference(_load(ref_dir), ref["prompt"])
+            shutil.rmtree(ref_dir)
         (tmp / "reference.json").write_text(json.dumps(out))
-    return _cached("tiny-deepseek-fp8", _key(case, FP8_BLOCK), build)
+    return _cached("tiny-deepseek-fp8", _key(case, FP8_BLOCK, "fp8-and-bf16"), build)
 
 
-def test_fp8_block_weights(dserve_bin, tmp_path):
+@pytest.mark.parametrize("mode", ["fp8", "bf16"])
+def test_fp8_block_weights(dserve_bin, tmp_path, mode):
+    """FP8 kept in memory (the default; the kernels convert) and converted to BF16 at
+    load, each against transformers on the weights as that mode holds them."""
     model_dir, ref = _fp8_fixture()
     assert ref["n_fp8"] > 40
-    prompt, want = ref["prompt"], ref["native"]
-    got = _dserve_logprobs(dserve_bin, model_dir, prompt, tmp_path)
+    prompt, want = ref["prompt"], ref[mode]
+    flags = ["--fp8-weights", mode] if mode == "bf16" else []
+    got = _dserve_logprobs(dserve_bin, model_dir, prompt, tmp_path, extra=flags)
     assert _worst(got, want["logprobs"]) < 1e-3
-    greedy, _ = _dserve_generate(dserve_bin, model_dir, prompt)
+    absorbed = _dserve_logprobs(dserve_bin, model_dir, prompt, tmp_path, batch=1, extra=flags)
+    assert _worst(absorbed, want["logprobs"]) < 1e-3
+    greedy, stderr = _dserve_generate(dserve_bin, model_dir, prompt, log_level="info", extra=flags)
     assert greedy == want["greedy"]
+    # The start-up log says how the FP8 weights are held.
+    m = re.search(r"FP8 weights \(--fp8-weights (\w+)\): (\d+) kept as f8_e4m3.*; (\d+) converted to bf16",
+                  stderr)
+    assert m, stderr
+    n_kept, n_converted = int(m.group(2)), int(m.group(3))
+    assert m.group(1) == mode and n_kept + n_converted == ref["n_fp8"]
+    n_kv_b = _case("v3-qlora-yarn")["layers"]
+    assert (n_kept, n_converted) == ((ref["n_fp8"] - n_kv_b, n_kv_b) if mode == "fp8" else (0, ref["n_fp8"]))
 
 
 # --- MTP layers ----------------------------------------------------------------------
@@ -363,7 +385,7 @@ def test_config_missing_mla_field(dserve_bin, tmp_path):
 def test_fp8_missing_scale(dserve_bin, tmp_path):
     src_dir, _ = _fp8_fixture()
     d = tmp_path / "m"
-    shutil.copytree(src_dir, d, ignore=shutil.ignore_patterns("dequantised"))
+    shutil.copytree(src_dir, d)
     tensors = safetensors_torch.load_file(d / "model.safetensors")
     del tensors["model.layers.1.self_attn.o_proj.weight_scale_inv"]
     safetensors_torch.save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
@@ -374,7 +396,7 @@ def test_fp8_missing_scale(dserve_bin, tmp_path):
 def test_fp8_wrong_block_size(dserve_bin, tmp_path):
     src_dir, _ = _fp8_fixture()
     d = tmp_path / "m"
-    shutil.copytree(src_dir, d, ignore=shutil.ignore_patterns("dequantised"))
+    shutil.copytree(src_dir, d)
     _edit_config(d, quantization_config={"weight_block_size": [64, 64]})
     _expect_error(dserve_bin, d, tmp_path, r"weight_scale_inv' has shape .* blocks of \[64, 64\]")
 

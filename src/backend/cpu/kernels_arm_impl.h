@@ -596,6 +596,15 @@ struct I8HalfTileNeon {
 };
 #endif  // __ARM_FEATURE_DOTPROD
 
+}  // namespace
+}  // namespace dserve::cpu
+
+// FP8 E4M3 weights, converted in registers (matmul_f8_neon).
+#include "backend/cpu/kernels_arm_fp8.h"
+
+namespace dserve::cpu {
+namespace {
+
 KernelTable make_arm_table(CpuIsa isa) {
   KernelTable t{};
   t.isa = isa;
@@ -612,6 +621,7 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_rows<dot_q45k_row<true>>;
   t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_rows<dot_q6k_row>;
   t.matmul_i8 = matmul_i8_neon;
+  t.matmul_f8 = matmul_f8_neon;
 #if defined(__ARM_FEATURE_DOTPROD)
   // W8A8's packed panels need SDOT's per-lane sums (the ARMv8.0 level runs per row).
   t.pack_i8 = pack_i8_halves;
