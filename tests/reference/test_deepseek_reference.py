@@ -393,6 +393,25 @@ def test_fp8_missing_scale(dserve_bin, tmp_path):
                   r"'model\.layers\.1\.self_attn\.o_proj\.weight' has no block scales")
 
 
+def test_fp8_scale_of_wrong_shape(dserve_bin, tmp_path):
+    src_dir, _ = _fp8_fixture()
+    d = tmp_path / "m"
+    shutil.copytree(src_dir, d)
+    tensors = safetensors_torch.load_file(d / "model.safetensors")
+    name = "model.layers.2.mlp.experts.3.down_proj.weight_scale_inv"
+    tensors[name] = torch.cat([tensors[name], tensors[name]], dim=1)  # a column of blocks too many
+    safetensors_torch.save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    for mode in ("fp8", "bf16"):
+        ids = tmp_path / "ids.txt"
+        ids.write_text("1,2,3,4")
+        r = run([dserve_bin, "perplexity", "--model", d, "--token-ids", ids, "--fp8-weights", mode],
+                check=False)
+        assert r.returncode != 0
+        assert re.search(r"'model\.layers\.2\.mlp\.experts\.3\.down_proj\.weight_scale_inv' has shape "
+                         r"\[2, 2\] but \[256, 64\] in blocks of \[128, 128\].* needs \[2, 1\]", r.stderr), r.stderr
+        assert r.stderr.count("dserve: error:") == 1, r.stderr
+
+
 def test_fp8_wrong_block_size(dserve_bin, tmp_path):
     src_dir, _ = _fp8_fixture()
     d = tmp_path / "m"
