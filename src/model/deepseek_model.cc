@@ -75,8 +75,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
   if (const Fp8Counts& f = model->fp8_; f.n_kept + f.n_converted > 0) {
     DS_LOG_INFO("FP8 weights (--fp8-weights {}): {} kept as f8_e4m3, {:.1f} MiB at 1 byte per "
                 "weight plus {:.2f} MiB of f32 block scales; {} converted to bf16, {:.1f} MiB at 2 "
-                "bytes per weight (kv_b_proj, split for MLA's absorbed form, and tensor-parallel "
-                "cuts through a block)",
+                "bytes per weight (kv_b_proj, split for MLA's absorbed form, and "
+                "tensor-parallel cuts inside a block off a multiple of 16 columns)",
                 model->files_->fp8_weights() == Fp8Weights::kFp8 ? "fp8" : "bf16", f.n_kept,
                 mib(f.kept_bytes), mib(f.scale_bytes), f.n_converted, mib(f.converted_bytes));
   }
@@ -161,11 +161,11 @@ Status DeepseekModel::take_columns(const TensorView** t, const std::string& name
   const size_t full = (*t)->n_bytes;
   if (const BlockScales& s = (*t)->block_scales; s.data != nullptr) {
     const int64_t n_cols = (*t)->shape[1];
-    if (b % s.block_cols != 0 || (e % s.block_cols != 0 && e != n_cols)) {
-      // The rank's columns cut an FP8 block: this tensor is converted to BF16 (whole,
-      // then cut), since a block's one scale cannot be split between ranks' kernels.
-      DS_LOG_INFO("{}: columns [{}, {}) cut its {}-column FP8 blocks; converted to bf16", name, b, e,
-                  s.block_cols);
+    if ((s.col0 + b) % 16 != 0) {
+      // The kernels step through a block 16 columns at a time: a cut elsewhere in a
+      // block has this tensor converted to BF16 (whole, then cut).
+      DS_LOG_INFO("{}: columns [{}, {}) of [0, {}) cut its FP8 blocks off a multiple of 16; converted "
+                  "to bf16", name, b, e, n_cols);
       fp8_.n_kept -= 1;
       fp8_.kept_bytes -= full;
       fp8_.scale_bytes -= static_cast<size_t>(((*t)->shape[0] + s.row0 + s.block_rows - 1) / s.block_rows *

@@ -85,10 +85,7 @@ Fp8Converted convert_fp8_to_bf16(const TensorView& weight) {
   auto convert_rows = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const uint8_t* src = weight.row(i);
-      const float* srow = scales.row(i);
-      for (int64_t j = 0; j < n_in; ++j) {
-        dst[i * n_in + j] = f32_to_bf16(lut[src[j]] * srow[j / scales.block_cols]);
-      }
+      for (int64_t j = 0; j < n_in; ++j) dst[i * n_in + j] = f32_to_bf16(lut[src[j]] * scales.at(i, j));
     }
   };
   // V3/R1 convert ~670 G weights at load: spread big tensors over the cores (each

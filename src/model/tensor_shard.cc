@@ -42,12 +42,10 @@ Result<const TensorView*> TensorShards::columns(const TensorView& t, const std::
                             std::to_string(block));
   }
   const BlockScales& scales = t.block_scales;  // FP8: the cut must keep whole blocks
-  if (scales.data != nullptr &&
-      (begin % scales.block_cols != 0 || (end % scales.block_cols != 0 && end != t.shape[1]))) {
-    return invalid_argument("tensor '" + name + "' is FP8 in blocks of " + std::to_string(scales.block_cols) +
-                            " columns with one scale each, so its input dimension cannot be split at " +
-                            std::to_string(begin) + ".." + std::to_string(end) +
-                            "; convert it to bf16 first (--fp8-weights bf16)");
+  if (scales.data != nullptr && (scales.col0 + begin) % 16 != 0) {
+    return invalid_argument("tensor '" + name + "' is FP8, read 16 columns at a time within its blocks of " +
+                            std::to_string(scales.block_cols) + " columns, so its input dimension cannot be "
+                            "split at " + std::to_string(begin) + "; convert it to bf16 first (--fp8-weights bf16)");
   }
   const int64_t n_rows = t.shape[0];
   const size_t offset = dtype_bytes(t.dtype, begin);
@@ -64,7 +62,7 @@ Result<const TensorView*> TensorShards::columns(const TensorView& t, const std::
   // I8 row biases are whole-row constants: the partial sums of the ranks add up to the
   // row's product, so only the first columns' share adds the bias (as vllm-ascend's rank 0).
   if (begin != 0) v.row_bias = nullptr;
-  if (scales.data != nullptr) v.block_scales.data = scales.data + begin / scales.block_cols;
+  if (scales.data != nullptr) v.block_scales = scales.from_column(begin);
   v.data = buffer.get();
   v.n_bytes = total;
   copied_bytes_ += total;

@@ -19,22 +19,34 @@ namespace dserve {
 // The block scales of an FP8 (DType::kF8_E4M3) weight [n_rows, n_cols], as DeepSeek
 // ships them: one f32 per block of block_rows x block_cols weights (the last blocks
 // of a row or column may be shorter), real weight w[r][j] = scale(r, j / block_cols)
-// * fp8(q[r][j]). `data` is the scale row of the view's first row; row0 is that row's
-// place inside its block row, so a view of rows [first, ...) of a bigger tensor needs
-// no copy of the scales (data += first / block_rows * stride, row0 = first % block_rows),
-// nor does a view of whole column blocks (data += first_col / block_cols).
+// * fp8(q[r][j]). `data` is the scale of the view's first row and column; row0 and
+// col0 are their places inside their block, so a view of rows [first, ...) of a bigger
+// tensor needs no copy of the scales (data += first / block_rows * stride, row0 =
+// first % block_rows), nor does a view of columns [first, ...) (a tensor-parallel shard:
+// data += first / block_cols, col0 = first % block_cols, which the kernels need to be a
+// multiple of 16). Column j of the view has the scale row(r)[(col0 + j) / block_cols].
 struct BlockScales {
   const float* data = nullptr;
   int64_t stride = 0;  // floats from one block row of scales to the next
   int64_t block_rows = 0, block_cols = 0;
   int64_t row0 = 0;  // 0 <= row0 < block_rows
-  // The scales of row r of the view, one per block of block_cols columns.
+  int64_t col0 = 0;  // 0 <= col0 < block_cols
+  // The scales of row r of the view, one per block of block_cols columns (the first
+  // block has block_cols - col0 of the view's columns).
   const float* row(int64_t r) const { return data + (row0 + r) / block_rows * stride; }
+  float at(int64_t r, int64_t j) const { return row(r)[(col0 + j) / block_cols]; }
   // The same scales for the view's rows [first, ...).
   BlockScales from_row(int64_t first) const {
     BlockScales s = *this;
     s.data = row(first);
     s.row0 = (row0 + first) % block_rows;
+    return s;
+  }
+  // The same scales for the view's columns [first, ...).
+  BlockScales from_column(int64_t first) const {
+    BlockScales s = *this;
+    s.data = data + (col0 + first) / block_cols;
+    s.col0 = (col0 + first) % block_cols;
     return s;
   }
 };

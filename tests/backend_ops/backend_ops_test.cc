@@ -843,11 +843,19 @@ struct Fp8Weights {
     view = TensorView{DType::kF8_E4M3, {n, k}, q.data(), q.size()};
     view.block_scales = BlockScales{scales.data(), n_cb, br, bc, 0};
   }
+  // Columns [first, first + n) of `whole` (a tensor-parallel shard's cut): the bytes
+  // copied, the scales the same, read from the first column's block on.
+  Fp8Weights(const Fp8Weights& whole, int64_t first, int64_t n) : scales(whole.scales) {
+    const int64_t rows = whole.view.shape[0], k = whole.view.shape[1];
+    for (int64_t r = 0; r < rows; ++r) q.insert(q.end(), &whole.q[r * k + first], &whole.q[r * k + first + n]);
+    view = TensorView{DType::kF8_E4M3, {rows, n}, q.data(), q.size()};
+    view.block_scales = whole.view.block_scales;
+    view.block_scales.data = scales.data();
+    view.block_scales = view.block_scales.from_column(first);
+  }
   // The real weight, from the format's definition (tensor/half.h's conversion).
   double at(int64_t r, int64_t j) const {
-    const int64_t k = view.shape[1];
-    const BlockScales& s = view.block_scales;
-    return double{fp8_e4m3_to_f32(q[r * k + j])} * s.data[r / s.block_rows * s.stride + j / s.block_cols];
+    return double{fp8_e4m3_to_f32(q[r * view.shape[1] + j])} * view.block_scales.at(r, j);
   }
 };
 
@@ -938,6 +946,17 @@ TEST_P(BackendOpsTest, MatmulFp8RowSliceOffBlockBoundary) {
     for (int64_t r = 0; r < rows; ++r) {
       ASSERT_EQ(part[t * rows + r], all[t * 100 + first + r]) << "row " << r << " token " << t;
     }
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulFp8ColumnSliceInsideABlock) {
+  // A tensor-parallel rank's columns of a row-parallel weight may start inside a
+  // block (BlockScales::col0, a multiple of 16): a short first block, then whole ones.
+  std::unique_ptr<Backend> scalar = make_backend({CpuIsa::kScalar, 1});
+  const Fp8Weights whole(40, 512, 32, 128, rng_);
+  for (const auto& [first, n] : {std::pair<int64_t, int64_t>{32, 192}, {48, 300}, {256, 256}, {112, 16}}) {
+    const Fp8Weights part(whole, first, n);
+    for (int64_t n_tokens : {1, 6}) check_fp8(*backend_, scalar.get(), part, n_tokens, rng_);
   }
 }
 

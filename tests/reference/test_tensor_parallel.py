@@ -210,6 +210,30 @@ def test_deepseek_expert_parallel(name, n, dserve_bin, tmp_path):
     assert [int(x) for x in greedy_ep.strip().split(",")] == want["greedy"]
 
 
+@pytest.mark.parametrize("n,ep", [(2, False), (4, False), (2, True)], ids=["tp2", "tp4", "tp2-ep"])
+def test_deepseek_fp8_kept_on_ranks(n, ep, dserve_bin, tmp_path):
+    """FP8 weights kept in memory (the default) on every rank: each rank reads its rows
+    and columns of the FP8 tensors with their block scales (o_proj and down_proj cut
+    inside 128-column blocks, at multiples of 16); outputs as transformers' on the
+    weights as held, and as TP = 1's; nothing but kv_b_proj converted to BF16."""
+    import test_deepseek_reference as ds
+    model_dir, ref = ds._fp8_fixture()
+    prompt, want = ref["prompt"], ref["fp8"]
+    flags = ["--enable-expert-parallel"] if ep else []
+    one, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, 1)
+    got, r = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--log-level", "info", *flags])
+    absorbed, _ = logprobs(dserve_bin, model_dir, prompt, tmp_path, n, ["--batch", 1, *flags])
+    for lp, what in ((got, "expanded"), (absorbed, "absorbed")):
+        assert max(abs(a - b) for a, b in zip(lp, want["logprobs"])) < 1e-3, f"{what} vs transformers"
+        assert max(abs(a - b) for a, b in zip(lp, one)) < 1e-3, f"{what} vs TP=1"
+    n_layers = ds._case("v3-qlora-yarn")["layers"]
+    held = re.findall(r"FP8 weights \(--fp8-weights fp8\): (\d+) kept as f8_e4m3.*; (\d+) converted", r.stderr)
+    assert len(held) == n, r.stderr[-3000:]
+    for kept, converted in held:
+        assert int(converted) == n_layers, r.stderr[-3000:]  # kv_b_proj only
+    assert "converted to bf16" not in re.sub(r"FP8 weights .*", "", r.stderr)  # no cut converted
+
+
 def test_deepseek_gguf_stacked_experts_split_kv_b(dserve_bin, tmp_path):
     """GGUF: experts stacked [E, ...] and W_UK / W_UV stored per head (attn_k_b,
     attn_v_b), each rank taking its heads' and its intermediate share of them."""

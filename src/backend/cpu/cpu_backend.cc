@@ -70,8 +70,7 @@ void CpuBackend::get_rows(const TensorView& table, const int32_t* ids, int64_t n
         for (int64_t j = 0; j < len; ++j) out[i * len + j] *= table.row_scales[ids[i]];
       }
       if (table.block_scales.data != nullptr) {  // FP8 rows: times their blocks' scales
-        const float* s = table.block_scales.row(ids[i]);
-        for (int64_t j = 0; j < len; ++j) out[i * len + j] *= s[j / table.block_scales.block_cols];
+        for (int64_t j = 0; j < len; ++j) out[i * len + j] *= table.block_scales.at(ids[i], j);
       }
     }
   };

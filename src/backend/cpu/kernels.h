@@ -108,11 +108,12 @@ using MatmulI8Fn = void (*)(const uint8_t* w, size_t w_stride, const float* w_sc
 using PackI8Fn = void (*)(const uint8_t* w, size_t w_stride, const float* w_scales,
                           int64_t n_rows, int64_t k, uint8_t* out);
 
-// FP8 E4M3 weights with block scales (TensorView::block_scales; scales.block_cols a
-// multiple of 16), F32 activation rows x_stride bytes apart: for r < n_rows, t <
-// n_tokens
+// FP8 E4M3 weights with block scales (TensorView::block_scales; scales.block_cols and
+// scales.col0 multiples of 16), F32 activation rows x_stride bytes apart: for r <
+// n_rows, t < n_tokens
 //   y[t * y_stride + r] = sum_b scales.row(r)[b] * (sum_{j in block b} fp8(w[r][j]) x[t][j])
-// over the blocks b of scales.block_cols columns (the last one may be shorter). Each
+// over the blocks b of the row: columns [0, block_cols - col0), then block_cols each
+// (the last one may be shorter). Each
 // (row, token) result is one chain of operations that does not depend on n_rows or
 // n_tokens, so a token gets the same bits alone and in any batch; the levels differ
 // only in float summation order.

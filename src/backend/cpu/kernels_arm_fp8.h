@@ -11,8 +11,8 @@
 //
 // A register tile is NR rows x NT tokens, 8 columns (two 4-lane vectors) per step;
 // each (row, token) pair has its own block sums and accumulators, and the same
-// operations whatever NR and NT are (batch invariance). block_cols is a multiple of
-// 16, so only a short last block has a scalar tail.
+// operations whatever NR and NT are (batch invariance). block_cols and col0 are
+// multiples of 16, so only a short last block has a scalar tail.
 #pragma once
 
 namespace dserve::cpu {
@@ -56,8 +56,9 @@ void f8_tile_neon(const uint8_t* w, size_t w_stride, const BlockScales& scales, 
       tail[r][t] = 0.0f;
     }
   }
-  for (int64_t b0 = 0; b0 < k; b0 += bc) {
-    const int64_t end = b0 + bc < k ? b0 + bc : k;
+  int64_t b = 0;  // the block: columns [b0, end)
+  for (int64_t b0 = 0; b0 < k; ++b) {
+    const int64_t end = (b + 1) * bc - scales.col0 < k ? (b + 1) * bc - scales.col0 : k;
     float32x4_t block[NR][NT][2];
     for (int r = 0; r < NR; ++r) {
       for (int t = 0; t < NT; ++t) block[r][t][0] = block[r][t][1] = vdupq_n_f32(0.0f);
@@ -79,7 +80,7 @@ void f8_tile_neon(const uint8_t* w, size_t w_stride, const BlockScales& scales, 
       }
     }
     for (int r = 0; r < NR; ++r) {
-      const float sv = s[r][b0 / bc];
+      const float sv = s[r][b];
       for (int t = 0; t < NT; ++t) {
         acc[r][t][0] = vfmaq_n_f32(acc[r][t][0], block[r][t][0], sv);
         acc[r][t][1] = vfmaq_n_f32(acc[r][t][1], block[r][t][1], sv);
@@ -91,8 +92,9 @@ void f8_tile_neon(const uint8_t* w, size_t w_stride, const BlockScales& scales, 
         for (int t = 0; t < NT; ++t) tail[r][t] = fma1(wi, x[t][i], tail[r][t]);
       }
     }
+    b0 = end;
   }
-  const int64_t last = (k - 1) / bc;
+  const int64_t last = b - 1;
   for (int r = 0; r < NR; ++r) {
     for (int t = 0; t < NT; ++t) {
       const float sum = vaddvq_f32(vaddq_f32(acc[r][t][0], acc[r][t][1]));

@@ -264,11 +264,12 @@ void matmul_f8(const uint8_t* w, size_t w_stride, const BlockScales& scales, con
       const uint8_t* q = w + r * w_stride;
       const float* s = scales.row(r);
       float acc = 0.0f;
-      for (int64_t b0 = 0; b0 < k; b0 += bc) {
+      int64_t b = 0;  // the block: columns [b0, end)
+      for (int64_t b0 = 0; b0 < k; ++b) {
+        const int64_t end = std::min(k, (b + 1) * bc - scales.col0);
         const uint8_t* qb = q + b0;
-        const float part =
-            dot_float_row([qb](int64_t i) { return table[qb[i]]; }, xt + b0, std::min(bc, k - b0));
-        acc += s[b0 / bc] * part;
+        acc += s[b] * dot_float_row([qb](int64_t i) { return table[qb[i]]; }, xt + b0, end - b0);
+        b0 = end;
       }
       y[t * y_stride + r] = acc;
     }

@@ -17,8 +17,8 @@
 // block * scale (one FMA per block), and the partial vector of a short last block goes
 // to a scalar sum taken by the last scale at the end. The operations of one pair are
 // the same whatever NR and NT are, so a token's result does not depend on its batch.
-// block_cols must be a multiple of 16 (attach time checks it), so only the last block
-// can end off a vector boundary.
+// block_cols and col0 must be multiples of 16 (the model checks them), so only the last
+// block can end off a vector boundary.
 #pragma once
 
 #if !defined(__AVX2__) || !defined(__F16C__)
@@ -90,9 +90,9 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
       tail[r][t] = 0.0f;
     }
   }
-  int64_t b0 = 0;
-  for (; b0 < k; b0 += bc) {
-    const int64_t end = b0 + bc < k ? b0 + bc : k;
+  int64_t b = 0;  // the block: columns [b0, end)
+  for (int64_t b0 = 0; b0 < k; ++b) {
+    const int64_t end = (b + 1) * bc - scales.col0 < k ? (b + 1) * bc - scales.col0 : k;
     VecF::T block[NR][NT];
     for (int r = 0; r < NR; ++r) {
       for (int t = 0; t < NT; ++t) block[r][t] = VecF::zero();
@@ -107,7 +107,7 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
       }
     }
     for (int r = 0; r < NR; ++r) {
-      const VecF::T sv = VecF::set1(s[r][b0 / bc]);
+      const VecF::T sv = VecF::set1(s[r][b]);
       for (int t = 0; t < NT; ++t) acc[r][t] = VecF::fma(block[r][t], sv, acc[r][t]);
     }
     for (; i < end; ++i) {  // only in a short last block
@@ -116,8 +116,9 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
         for (int t = 0; t < NT; ++t) tail[r][t] = fma1(wi, x[t][i], tail[r][t]);
       }
     }
+    b0 = end;
   }
-  const int64_t last = (k - 1) / bc;
+  const int64_t last = b - 1;
   for (int r = 0; r < NR; ++r) {
     for (int t = 0; t < NT; ++t) y[t * y_stride + r] = fma1(tail[r][t], s[r][last], VecF::sum(acc[r][t]));
   }
