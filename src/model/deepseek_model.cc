@@ -166,13 +166,7 @@ Status DeepseekModel::take_columns(const TensorView** t, const std::string& name
       // block has this tensor converted to BF16 (whole, then cut).
       DS_LOG_INFO("{}: columns [{}, {}) of [0, {}) cut its FP8 blocks off a multiple of 16; converted "
                   "to bf16", name, b, e, n_cols);
-      fp8_.n_kept -= 1;
-      fp8_.kept_bytes -= full;
-      fp8_.scale_bytes -= static_cast<size_t>(((*t)->shape[0] + s.row0 + s.block_rows - 1) / s.block_rows *
-                                              s.stride) * sizeof(float);
-      *t = own_converted_fp8(**t);
-      rank_weight_bytes_ += (*t)->n_bytes - full;
-      model_weight_bytes_ += (*t)->n_bytes - full;
+      convert_kept_fp8(t, full);
       return take_columns(t, name, b, e);
     }
   }
@@ -196,9 +190,20 @@ const TensorView* DeepseekModel::own_converted_fp8(const TensorView& t) {
   return own(std::move(converted.view), std::move(converted.bytes));
 }
 
+void DeepseekModel::convert_kept_fp8(const TensorView** t, size_t whole_bytes) {
+  const size_t rank_bytes = (*t)->n_bytes;
+  const BlockScales& s = (*t)->block_scales;
+  fp8_.n_kept -= 1;
+  fp8_.kept_bytes -= whole_bytes;
+  fp8_.scale_bytes -= static_cast<size_t>((static_cast<int64_t>(whole_bytes) / (*t)->shape[1] + s.block_rows - 1) /
+                                          s.block_rows * s.stride) * sizeof(float);
+  *t = own_converted_fp8(**t);
+  model_weight_bytes_ += whole_bytes;  // as held: 2 bytes per weight instead of 1
+  rank_weight_bytes_ += (*t)->n_bytes - rank_bytes;
+}
+
 Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& expected,
-                           bool required, bool float_only, const TensorView** out,
-                           bool keep_fp8) {
+                           bool required, bool float_only, const TensorView** out) {
   const ModelFiles& f = *files_;
   const TensorView* t = f.find(name);
   if (t == nullptr) {
@@ -221,7 +226,7 @@ Status DeepseekModel::bind(const std::string& name, const std::vector<int64_t>& 
     t = &owned_.back()->view;
     // The kernels step through a block 16 columns at a time (kernels.h, MatmulF8Fn).
     const bool kernel_reads = t->block_scales.block_cols % 16 == 0;
-    if (keep_fp8 && kernel_reads && f.fp8_weights() == Fp8Weights::kFp8) {
+    if (kernel_reads && f.fp8_weights() == Fp8Weights::kFp8) {
       ++fp8_.n_kept;
       fp8_.kept_bytes += t->n_bytes;
       fp8_.scale_bytes += owned_.back()->scales.size() * sizeof(float);
@@ -427,10 +432,12 @@ Status DeepseekModel::bind_weights() {
     DS_RETURN_IF_ERROR(bind(a + "kv_a_layernorm.weight", {r}, true, true, &w.kv_a_norm));
     const int64_t kvb_rows = c.qk_nope_head_dim + c.v_head_dim;  // per head
     // kv_b_proj is split into W_UK (transposed) and W_UV at load (build_absorbed): an
-    // FP8 kv_b_proj is converted to BF16 (counted in the start-up log's FP8 line).
-    DS_RETURN_IF_ERROR(
-        bind(a + "kv_b_proj.weight", {H * kvb_rows, r}, false, false, &w.kv_b, /*keep_fp8=*/false));
+    // FP8 kv_b_proj is converted to BF16, only this rank's heads' rows of it (counted in
+    // the start-up log's FP8 line).
+    DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * kvb_rows, r}, false, false, &w.kv_b));
+    const size_t kv_b_whole = w.kv_b != nullptr ? w.kv_b->n_bytes : 0;
     DS_RETURN_IF_ERROR(take_rows(&w.kv_b, a + "kv_b_proj.weight", h0 * kvb_rows, (h0 + Hl) * kvb_rows));
+    if (w.kv_b != nullptr && w.kv_b->dtype == DType::kF8_E4M3) convert_kept_fp8(&w.kv_b, kv_b_whole);
     if (w.kv_b == nullptr) can_expand_ = false;
     DS_RETURN_IF_ERROR(build_absorbed(l, &w));
     DS_RETURN_IF_ERROR(

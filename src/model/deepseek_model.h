@@ -188,12 +188,14 @@ class DeepseekModel {
   Status shard_mlp(const std::string& prefix, int64_t inter, Mlp* m);
   // The tensor `name` with the expected shape; null and OK when absent and not
   // required. FP8 weights come with their block scales attached (1 byte per weight),
-  // or converted to BF16 when the files say --fp8-weights bf16 or !keep_fp8 (a weight
-  // dserve must transform at load).
+  // or converted to BF16 when the files say --fp8-weights bf16.
   Status bind(const std::string& name, const std::vector<int64_t>& expected, bool required,
-              bool float_only, const TensorView** out, bool keep_fp8 = true);
+              bool float_only, const TensorView** out);
   // An FP8 view (with block scales) converted to BF16 in owned memory, counted in fp8_.
   const TensorView* own_converted_fp8(const TensorView& t);
+  // *t, a kept FP8 weight (whole_bytes before any tensor-parallel cut, which may already
+  // have been taken), replaced by its BF16 conversion; fp8_ and the weight bytes follow.
+  void convert_kept_fp8(const TensorView** t, size_t whole_bytes);
   Status bind_mlp(const std::string& prefix, int64_t inter, Mlp* out);
   Status bind_experts(int layer, LayerWeights* w);
   Status build_absorbed(int layer, LayerWeights* w);
