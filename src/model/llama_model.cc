@@ -70,6 +70,10 @@ Status LlamaModel::bind_weights() {
       return unimplemented(f.path() + ": tensor '" + name + "' has type " +
                            std::string(dtype_name(t->dtype)) + "; expected f32, f16 or bf16");
     }
+    if (t->dtype == DType::kF8_E4M3) {  // the kernels need DeepSeek's block scales beside it
+      return unimplemented(f.path() + ": tensor '" + name + "' is FP8 (f8_e4m3); dserve reads FP8 "
+                           "weights with block scales in DeepSeek-V2/V3 checkpoints only");
+    }
     *out = t;
     return Status::Ok();
   };
