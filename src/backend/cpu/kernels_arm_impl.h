@@ -163,44 +163,146 @@ struct Q4_1Traits {
   }
 };
 
-// One weight row . one activation row. Blocks go four at a time: their four integer
-// sums form one vector, so the scale products and the accumulation are vector work.
+// Every (row, token) result of these types is, on both levels and in every kernel,
+// the same sequence of float operations over the blocks in order:
+//   r = fma(float(isum_b), d_w[b] * d_x[b], r)        isum_b: the block's exact int dot
+//   r = fma(m_w[b], s_x[b], r)                         Q4_1 only
+// starting from r = 0. The kernels below vectorise across rows (per-row path) or
+// tokens (batched path), never along one result's chain, so each lane does exactly
+// this and the batched kernel gives the per-row kernel's bits.
+
+// Rows r0 .. r0+3 of w (a row past n_rows repeats the last one; only real rows are
+// stored) as lanes: for each token, the four rows' block dots come from two dot_s8 per
+// row, pairwise-added so lane j holds row j's exact sum.
 template <typename Traits>
-float dot_q32_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
+void matmul_q32_rows(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride, int64_t k,
+                     int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride) {
   using Block = typename Traits::Block;
-  const Block* blocks = reinterpret_cast<const Block*>(w);
-  const Q8x32Row x = q8x32_row(xb, k);
   const int64_t nb = k / 32;
-  float32x4_t acc = vdupq_n_f32(0.0f);
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    int32x4_t sums[4];
-    uint16_t dh[4], mh[4];
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
+    const int nr = static_cast<int>(n_rows - r0 < 4 ? n_rows - r0 : 4);
+    const Block* rows[4];
     for (int j = 0; j < 4; ++j) {
-      const Block& blk = blocks[b + j];
-      int8x16_t lo, hi;
-      Traits::unpack(blk, &lo, &hi);
-      const int8_t* a = x.qs + 32 * (b + j);
-      sums[j] = dot_s8(dot_s8(vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16));
-      dh[j] = blk.d;
-      if constexpr (Traits::kMin) mh[j] = blk.m;
+      rows[j] = reinterpret_cast<const Block*>(w + (r0 + (j < nr ? j : nr - 1)) * w_stride);
     }
-    const int32x4_t s = vpaddq_s32(vpaddq_s32(sums[0], sums[1]), vpaddq_s32(sums[2], sums[3]));
-    const float32x4_t scale = vmulq_f32(f16x4_to_f32(dh), vld1q_f32(x.d + b));
-    acc = vfmaq_f32(acc, vcvtq_f32_s32(s), scale);
-    if constexpr (Traits::kMin) acc = vfmaq_f32(acc, f16x4_to_f32(mh), vld1q_f32(x.s + b));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const Q8x32Row xr = q8x32_row(x + t * x_stride, k);
+      float32x4_t acc = vdupq_n_f32(0.0f);
+      for (int64_t b = 0; b < nb; ++b) {
+        const int8x16_t x0 = vld1q_s8(xr.qs + 32 * b), x1 = vld1q_s8(xr.qs + 32 * b + 16);
+        int32x4_t part[4];
+        uint16_t dh[4], mh[4];
+        for (int j = 0; j < 4; ++j) {
+          const Block& blk = rows[j][b];
+          int8x16_t lo, hi;
+          Traits::unpack(blk, &lo, &hi);
+          part[j] = dot_s8(dot_s8(vdupq_n_s32(0), lo, x0), hi, x1);
+          dh[j] = blk.d;
+          if constexpr (Traits::kMin) mh[j] = blk.m;
+        }
+        const int32x4_t isum = vpaddq_s32(vpaddq_s32(part[0], part[1]), vpaddq_s32(part[2], part[3]));
+        acc = vfmaq_f32(acc, vcvtq_f32_s32(isum), vmulq_n_f32(f16x4_to_f32(dh), xr.d[b]));
+        if constexpr (Traits::kMin) acc = vfmaq_n_f32(acc, f16x4_to_f32(mh), xr.s[b]);
+      }
+      float out[4];
+      vst1q_f32(out, acc);
+      std::memcpy(y + t * y_stride + r0, out, static_cast<size_t>(nr) * sizeof(float));
+    }
   }
-  float r = vaddvq_f32(acc);
-  for (; b < nb; ++b) {
-    const Block& blk = blocks[b];
-    int8x16_t lo, hi;
-    Traits::unpack(blk, &lo, &hi);
-    const int sum = dot32(lo, hi, x.qs + 32 * b);
-    r = fma1(static_cast<float>(sum), f16_to_f32_neon(blk.d) * x.d[b], r);
-    if constexpr (Traits::kMin) r = fma1(f16_to_f32_neon(blk.m), x.s[b], r);
-  }
-  return r;
 }
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// The batched path (MatmulBatchFn) over activation tiles of kArmTile tokens
+// (kernels.h): a tile block's group g holds 4 bytes per token, so 16 bytes are four
+// tokens' values of that group, and SDOT by lane multiplies them by one row's 4
+// weights of the group: lanes are tokens. A step covers 4 rows x NQ quads of tokens;
+// the weights are unpacked once per step for all its tokens. No repacking (scratch
+// unused): the rows are read where they are.
+constexpr int kArmTile = 8;
+
+template <typename Traits, int NQ>
+inline void q32_tile_step(const typename Traits::Block* const* rows, int nr, int64_t nb, const uint8_t* tile,
+                          float* y, int64_t y_stride, int nt) {
+  constexpr int64_t kBlockBytes = q8x32_tile_block_bytes(kArmTile);
+  float32x4_t acc[4][NQ];
+  for (int j = 0; j < 4; ++j) {
+    for (int q = 0; q < NQ; ++q) acc[j][q] = vdupq_n_f32(0.0f);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* xb = tile + b * kBlockBytes;
+    int8x16_t lo[4], hi[4];
+    float dw[4], mw[4];
+    for (int j = 0; j < 4; ++j) {
+      Traits::unpack(rows[j][b], &lo[j], &hi[j]);
+      dw[j] = f16_to_f32_neon(rows[j][b].d);
+      if constexpr (Traits::kMin) mw[j] = f16_to_f32_neon(rows[j][b].m);
+    }
+    int32x4_t isum[4][NQ];
+    for (int j = 0; j < 4; ++j) {
+      for (int q = 0; q < NQ; ++q) isum[j][q] = vdupq_n_s32(0);
+    }
+#define DSERVE_Q32_GROUP(G, W)                                                                 \
+  for (int q = 0; q < NQ; ++q) {                                                               \
+    const int8x16_t xg = vld1q_s8(reinterpret_cast<const int8_t*>(xb) + 4 * ((G) * kArmTile + 4 * q)); \
+    for (int j = 0; j < 4; ++j) isum[j][q] = vdotq_laneq_s32(isum[j][q], xg, W[j], (G) % 4);   \
+  }
+    DSERVE_Q32_GROUP(0, lo)
+    DSERVE_Q32_GROUP(1, lo)
+    DSERVE_Q32_GROUP(2, lo)
+    DSERVE_Q32_GROUP(3, lo)
+    DSERVE_Q32_GROUP(4, hi)
+    DSERVE_Q32_GROUP(5, hi)
+    DSERVE_Q32_GROUP(6, hi)
+    DSERVE_Q32_GROUP(7, hi)
+#undef DSERVE_Q32_GROUP
+    const float* xd = reinterpret_cast<const float*>(xb + 4 * 8 * kArmTile);
+    const float* xs = xd + kArmTile;
+    for (int q = 0; q < NQ; ++q) {
+      const float32x4_t dq = vld1q_f32(xd + 4 * q);
+      for (int j = 0; j < 4; ++j) {
+        acc[j][q] = vfmaq_f32(acc[j][q], vcvtq_f32_s32(isum[j][q]), vmulq_n_f32(dq, dw[j]));
+      }
+      if constexpr (Traits::kMin) {
+        const float32x4_t sq = vld1q_f32(xs + 4 * q);
+        for (int j = 0; j < 4; ++j) acc[j][q] = vfmaq_n_f32(acc[j][q], sq, mw[j]);
+      }
+    }
+  }
+  for (int q = 0; q < NQ; ++q) {
+    float out[4][4];  // [row][token]
+    for (int j = 0; j < 4; ++j) vst1q_f32(out[j], acc[j][q]);
+    for (int i = 0; i < 4 && 4 * q + i < nt; ++i) {
+      for (int j = 0; j < nr; ++j) y[(4 * q + i) * y_stride + j] = out[j][i];
+    }
+  }
+}
+
+template <typename Traits>
+void matmul_q32_batched(const uint8_t* w, size_t w_stride, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
+                        int64_t n_tokens, float* y, int64_t y_stride, uint8_t* /*scratch*/) {
+  using Block = typename Traits::Block;
+  const int64_t nb = k / 32;
+  const int64_t tile_bytes = nb * q8x32_tile_block_bytes(kArmTile);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
+    const int nr = static_cast<int>(n_rows - r0 < 4 ? n_rows - r0 : 4);
+    const Block* rows[4];
+    for (int j = 0; j < 4; ++j) {
+      rows[j] = reinterpret_cast<const Block*>(w + (r0 + (j < nr ? j : nr - 1)) * w_stride);
+    }
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kArmTile) {
+      const int nt = static_cast<int>(n_tokens - t0 < kArmTile ? n_tokens - t0 : kArmTile);
+      const uint8_t* tile = x_tiles + t0 / kArmTile * tile_bytes;
+      float* yt = y + t0 * y_stride + r0;
+      // Slots past the last token hold stale values whose results are not stored.
+      if (nt > 4) {
+        q32_tile_step<Traits, 2>(rows, nr, nb, tile, yt, y_stride, nt);
+      } else {
+        q32_tile_step<Traits, 1>(rows, nr, nb, tile, yt, y_stride, nt);
+      }
+    }
+  }
+}
+#endif  // __ARM_FEATURE_DOTPROD
 
 // ---- Q4_K / Q5_K / Q6_K x Q8x256 ----
 //
@@ -605,14 +707,21 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.matmul[static_cast<int>(DType::kF32)] = matmul_rows<dot_float_row<DType::kF32>>;
   t.matmul[static_cast<int>(DType::kF16)] = matmul_rows<dot_float_row<DType::kF16>>;
   t.matmul[static_cast<int>(DType::kBF16)] = matmul_rows<dot_float_row<DType::kBF16>>;
-  t.matmul[static_cast<int>(DType::kQ8_0)] = matmul_rows<dot_q32_row<Q8_0Traits>>;
-  t.matmul[static_cast<int>(DType::kQ4_0)] = matmul_rows<dot_q32_row<Q4_0Traits>>;
-  t.matmul[static_cast<int>(DType::kQ4_1)] = matmul_rows<dot_q32_row<Q4_1Traits>>;
+  t.matmul[static_cast<int>(DType::kQ8_0)] = matmul_q32_rows<Q8_0Traits>;
+  t.matmul[static_cast<int>(DType::kQ4_0)] = matmul_q32_rows<Q4_0Traits>;
+  t.matmul[static_cast<int>(DType::kQ4_1)] = matmul_q32_rows<Q4_1Traits>;
   t.matmul[static_cast<int>(DType::kQ4_K)] = matmul_rows<dot_q45k_row<false>>;
   t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_rows<dot_q45k_row<true>>;
   t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_rows<dot_q6k_row>;
   t.matmul_i8 = matmul_i8_neon;
 #if defined(__ARM_FEATURE_DOTPROD)
+  // Prompts and decode batches of 4 tokens or more: tokens as SDOT lanes (the per-row
+  // kernel's bits); fewer go per row, four rows at a time.
+  t.matmul_batched[static_cast<int>(DType::kQ8_0)] = matmul_q32_batched<Q8_0Traits>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_0)] = matmul_q32_batched<Q4_0Traits>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_1)] = matmul_q32_batched<Q4_1Traits>;
+  t.matmul_batched_min_tokens = 4;
+  t.matmul_batched_tile = kArmTile;
   // W8A8's packed panels need SDOT's per-lane sums (the ARMv8.0 level runs per row).
   t.pack_i8 = pack_i8_halves;
   t.matmul_packed[static_cast<int>(DType::kI8)] = matmul_i8_packed_halves<kI8TokensNeon, I8HalfTileNeon>;
