@@ -397,6 +397,190 @@ float dot_q6k_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
   return acc;
 }
 
+#if defined(__ARM_FEATURE_DOTPROD)
+// ---- Q4_K / Q5_K / Q6_K, batched (MatmulBatchFn over Q8x256 rows) ----
+//
+// Tokens as SDOT lanes, as for the 32-block types: up to 16 tokens at a time are
+// regrouped into the thread's scratch (per 256-block: for each quad of 4 tokens and
+// each group of 4 elements, the quad's 4 x 4 bytes; then per quad and sub-block of 32
+// the 4 tokens' sums of their values, and their block scales), and each weight row's
+// block is unpacked once to 256 int8 values (stack) for those 16 tokens. A block's
+// integer dots are exact and its float steps are the per-row kernels' (with
+// -ffp-contract=off, written the same way), so every token gets the per-row bits.
+constexpr int kKqTokens = 16;
+constexpr int kKqQuads = kKqTokens / 4;
+constexpr int64_t kKqQsBytes = kKqQuads * 64 * 16;                       // per 256-block
+constexpr int64_t kKqBlockBytes = kKqQsBytes + kKqQuads * 8 * 16 + kKqQuads * 16;
+static_assert(kKqBlockBytes <= matmul_batched_scratch_bytes(256), "the regrouped tokens fit the scratch");
+
+// Tokens [t0, t0 + nt) of the Q8x256 rows into the layout above; absent tokens are zeros.
+inline void regroup_q8x256(const uint8_t* x, size_t x_stride, int64_t k, int64_t t0, int nt, uint8_t* out) {
+  const int64_t nb = k / 256;
+  std::memset(out, 0, static_cast<size_t>(nb * kKqBlockBytes));
+  for (int i = 0; i < nt; ++i) {
+    const Q8x256Row a = q8x256_row(x + (t0 + i) * x_stride, k);
+    const int q = i / 4, lane = i % 4;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = out + b * kKqBlockBytes;
+      uint8_t* qs = blk + q * 64 * 16 + 4 * lane;
+      for (int g = 0; g < 64; ++g) std::memcpy(qs + 16 * g, a.qs + 256 * b + 4 * g, 4);
+      auto* sums = reinterpret_cast<int32_t*>(blk + kKqQsBytes) + q * 8 * 4 + lane;
+      const int16_t* bs = a.bsums + 16 * b;
+      for (int sb = 0; sb < 8; ++sb) sums[4 * sb] = bs[2 * sb] + bs[2 * sb + 1];
+      auto* d = reinterpret_cast<float*>(blk + kKqQsBytes + kKqQuads * 8 * 16) + 4 * q + lane;
+      *d = a.d[b];
+    }
+  }
+}
+
+// A row's 256-block as 16 chunks of 16 int8 weights with one integer scale each (the
+// sub-block's), plus Q4_K/Q5_K's minimum terms.
+struct KBlock {
+  alignas(16) int8_t w[256];
+  int32_t scale[16];
+  int32_t mn[8];
+  float d, dmin;
+};
+
+template <bool kFifthBit>
+inline void unpack_q45k(const uint8_t* p, KBlock* out) {
+  using Block = std::conditional_t<kFifthBit, block_q5_K, block_q4_K>;
+  const Block& blk = *reinterpret_cast<const Block*>(p);
+  const uint8x16_t low4 = vdupq_n_u8(0x0F);
+  uint8x16_t qh0 = vdupq_n_u8(0), qh1 = vdupq_n_u8(0);
+  if constexpr (kFifthBit) {
+    qh0 = vld1q_u8(blk.qh);
+    qh1 = vld1q_u8(blk.qh + 16);
+  }
+  for (int g = 0; g < 4; ++g) {
+    uint8_t sc_lo, mn_lo, sc_hi, mn_hi;
+    q_k_scale_min(2 * g, blk.scales, &sc_lo, &mn_lo);
+    q_k_scale_min(2 * g + 1, blk.scales, &sc_hi, &mn_hi);
+    out->scale[4 * g] = out->scale[4 * g + 1] = sc_lo;
+    out->scale[4 * g + 2] = out->scale[4 * g + 3] = sc_hi;
+    out->mn[2 * g] = mn_lo;
+    out->mn[2 * g + 1] = mn_hi;
+    const uint8x16_t v0 = vld1q_u8(blk.qs + 32 * g), v1 = vld1q_u8(blk.qs + 32 * g + 16);
+    uint8x16_t lo0 = vandq_u8(v0, low4), lo1 = vandq_u8(v1, low4);
+    uint8x16_t hi0 = vshrq_n_u8(v0, 4), hi1 = vshrq_n_u8(v1, 4);
+    if constexpr (kFifthBit) {
+      const uint8x16_t sixteen = vdupq_n_u8(0x10);
+      const uint8x16_t bit_lo = vdupq_n_u8(static_cast<uint8_t>(1 << (2 * g)));
+      const uint8x16_t bit_hi = vdupq_n_u8(static_cast<uint8_t>(1 << (2 * g + 1)));
+      lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(qh0, bit_lo), sixteen));
+      lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(qh1, bit_lo), sixteen));
+      hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(qh0, bit_hi), sixteen));
+      hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(qh1, bit_hi), sixteen));
+    }
+    vst1q_s8(out->w + 64 * g, vreinterpretq_s8_u8(lo0));
+    vst1q_s8(out->w + 64 * g + 16, vreinterpretq_s8_u8(lo1));
+    vst1q_s8(out->w + 64 * g + 32, vreinterpretq_s8_u8(hi0));
+    vst1q_s8(out->w + 64 * g + 48, vreinterpretq_s8_u8(hi1));
+  }
+  out->d = f16_to_f32_neon(blk.d);
+  out->dmin = f16_to_f32_neon(blk.dmin);
+}
+
+inline void unpack_q6k(const uint8_t* p, KBlock* out) {
+  const block_q6_K& blk = *reinterpret_cast<const block_q6_K*>(p);
+  const uint8x16_t low4 = vdupq_n_u8(0x0F), low2 = vdupq_n_u8(0x03);
+  const int8x16_t off = vdupq_n_s8(32);
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = blk.ql + 64 * h;
+    const uint8_t* qh = blk.qh + 32 * h;
+    for (int c = 0; c < 2; ++c) {
+      const uint8x16_t la = vld1q_u8(ql + 16 * c), lb = vld1q_u8(ql + 32 + 16 * c);
+      const uint8x16_t hb = vld1q_u8(qh + 16 * c);
+      const uint8x16_t q[4] = {
+          vorrq_u8(vandq_u8(la, low4), vshlq_n_u8(vandq_u8(hb, low2), 4)),
+          vorrq_u8(vandq_u8(lb, low4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), low2), 4)),
+          vorrq_u8(vshrq_n_u8(la, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), low2), 4)),
+          vorrq_u8(vshrq_n_u8(lb, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))};
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        vst1q_s8(out->w + 128 * h + 32 * quarter + 16 * c, vsubq_s8(vreinterpretq_s8_u8(q[quarter]), off));
+      }
+    }
+  }
+  for (int c = 0; c < 16; ++c) out->scale[c] = blk.scales[c];
+  out->d = f16_to_f32_neon(blk.d);
+}
+
+// acc[q] (lane i = token 4q + i), q < NQ, += this block's term for NQ quads of the regrouped tile
+// block `xb`, as dot_q45k_row / dot_q6k_row add it.
+template <bool kHasMin, int NQ>
+inline void kquant_block(const KBlock& w, const uint8_t* xb, float32x4_t* acc) {
+  const int8_t* xq = reinterpret_cast<const int8_t*>(xb);
+  int32x4_t isum[NQ];
+  for (int q = 0; q < NQ; ++q) isum[q] = vdupq_n_s32(0);
+  for (int c = 0; c < 16; ++c) {
+    const int8x16_t wc = vld1q_s8(w.w + 16 * c);
+    for (int q = 0; q < NQ; ++q) {
+      const int8_t* x = xq + q * 64 * 16 + 4 * c * 16;  // groups 4c .. 4c + 3
+      int32x4_t dot = vdupq_n_s32(0);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x), wc, 0);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x + 16), wc, 1);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x + 32), wc, 2);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x + 48), wc, 3);
+      isum[q] = vmlaq_n_s32(isum[q], dot, w.scale[c]);
+    }
+  }
+  const auto* sums = reinterpret_cast<const int32_t*>(xb + kKqQsBytes);
+  const auto* dx = reinterpret_cast<const float*>(xb + kKqQsBytes + kKqQuads * 8 * 16);
+  for (int q = 0; q < NQ; ++q) {
+    const float32x4_t d = vld1q_f32(dx + 4 * q);
+    if constexpr (kHasMin) {
+      int32x4_t msum = vdupq_n_s32(0);
+      for (int sb = 0; sb < 8; ++sb) msum = vmlaq_n_s32(msum, vld1q_s32(sums + 4 * (8 * q + sb)), w.mn[sb]);
+      // acc += d_x * (d * isum - dmin * msum)
+      const float32x4_t t = vsubq_f32(vmulq_n_f32(vcvtq_f32_s32(isum[q]), w.d),
+                                      vmulq_n_f32(vcvtq_f32_s32(msum), w.dmin));
+      acc[q] = vaddq_f32(acc[q], vmulq_f32(d, t));
+    } else {
+      // acc += d_x * d * isum
+      acc[q] = vaddq_f32(acc[q], vmulq_f32(vmulq_n_f32(d, w.d), vcvtq_f32_s32(isum[q])));
+    }
+  }
+}
+
+template <int kType>  // 4: Q4_K, 5: Q5_K, 6: Q6_K
+void matmul_kquant_batched_neon(const uint8_t* w, size_t w_stride, const uint8_t* x, int64_t k, int64_t n_rows,
+                                int64_t n_tokens, float* y, int64_t y_stride, uint8_t* scratch) {
+  constexpr bool kHasMin = kType != 6;
+  constexpr int64_t kBlockBytes = kType == 4 ? sizeof(block_q4_K) : kType == 5 ? sizeof(block_q5_K)
+                                                                                 : sizeof(block_q6_K);
+  const int64_t nb = k / 256;
+  const size_t x_stride = static_cast<size_t>(act_row_bytes(ActFormat::kQ8x256, k));
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kKqTokens) {
+    const int nt = static_cast<int>(n_tokens - t0 < kKqTokens ? n_tokens - t0 : kKqTokens);
+    regroup_q8x256(x, x_stride, k, t0, nt, scratch);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      float32x4_t acc[kKqQuads];
+      for (int q = 0; q < kKqQuads; ++q) acc[q] = vdupq_n_f32(0.0f);
+      KBlock kb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = w + r * w_stride + b * kBlockBytes;
+        if constexpr (kType == 6) {
+          unpack_q6k(p, &kb);
+        } else {
+          unpack_q45k<kType == 5>(p, &kb);
+        }
+        const uint8_t* xb = scratch + b * kKqBlockBytes;
+        if (nt > 8) {
+          kquant_block<kHasMin, 4>(kb, xb, acc);
+        } else if (nt > 4) {
+          kquant_block<kHasMin, 2>(kb, xb, acc);
+        } else {
+          kquant_block<kHasMin, 1>(kb, xb, acc);
+        }
+      }
+      float out[kKqTokens];
+      for (int q = 0; q < kKqQuads; ++q) vst1q_f32(out + 4 * q, acc[q]);
+      for (int i = 0; i < nt; ++i) y[(t0 + i) * y_stride + r] = out[i];
+    }
+  }
+}
+#endif  // __ARM_FEATURE_DOTPROD
+
 // ---- F32 / F16 / BF16 x F32 ----
 
 template <DType T>
@@ -716,10 +900,13 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.matmul_i8 = matmul_i8_neon;
 #if defined(__ARM_FEATURE_DOTPROD)
   // Prompts and decode batches of 4 tokens or more: tokens as SDOT lanes (the per-row
-  // kernel's bits); fewer go per row, four rows at a time.
+  // kernels' bits); fewer go per row.
   t.matmul_batched[static_cast<int>(DType::kQ8_0)] = matmul_q32_batched<Q8_0Traits>;
   t.matmul_batched[static_cast<int>(DType::kQ4_0)] = matmul_q32_batched<Q4_0Traits>;
   t.matmul_batched[static_cast<int>(DType::kQ4_1)] = matmul_q32_batched<Q4_1Traits>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_K)] = matmul_kquant_batched_neon<4>;
+  t.matmul_batched[static_cast<int>(DType::kQ5_K)] = matmul_kquant_batched_neon<5>;
+  t.matmul_batched[static_cast<int>(DType::kQ6_K)] = matmul_kquant_batched_neon<6>;
   t.matmul_batched_min_tokens = 4;
   t.matmul_batched_tile = kArmTile;
   // W8A8's packed panels need SDOT's per-lane sums (the ARMv8.0 level runs per row).
