@@ -105,6 +105,20 @@ def test_deepseek_v3_against_transformers(arm64_bin, tmp_path):
 
 
 @pytest.mark.parametrize("core,level", CORES, ids=[c for c, _ in CORES])
+def test_deepseek_fp8_kept_against_transformers(core, level, arm64_bin, tmp_path):
+    """FP8 weights kept in memory (the default) on the NEON FP8 kernels: the FP8 copy of
+    the V3 case against transformers on the weights as dserve holds them."""
+    model_dir, ref = deepseek._fp8_fixture()
+    prompt, want = ref["prompt"], ref["fp8"]
+    runner = lambda args: qemu_run(core, args)  # noqa: E731
+    got = _logprobs(runner, arm64_bin, model_dir, prompt, tmp_path, batch=512)
+    assert _worst(got, want["logprobs"]) < 1e-3
+    greedy, stderr = _greedy(runner, arm64_bin, model_dir, prompt, deepseek.GEN_LEN, ["--log-level", "info"])
+    assert greedy == want["greedy"]
+    assert f"CPU kernels: cpu-{level} (" in stderr and "kept as f8_e4m3" in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("core,level", CORES, ids=[c for c, _ in CORES])
 def test_w8a8_against_torch_reference(core, level, arm64_bin, tmp_path):
     """A tiny Llama quantised to W8A8 by llmcompressor (test_w8a8_reference.py's
     dynamic case) on the ARM int8 kernels: per row on the ARMv8.0 level, packed SDOT

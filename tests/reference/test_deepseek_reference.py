@@ -311,6 +311,28 @@ def test_fp8_block_weights(dserve_bin, tmp_path, mode):
     assert (n_kept, n_converted) == ((ref["n_fp8"] - n_kv_b, n_kv_b) if mode == "fp8" else (0, ref["n_fp8"]))
 
 
+@pytest.mark.parametrize("mode", ["fp8", "bf16"])
+def test_fp8_served(dserve_bin, tmp_path, mode):
+    """`dserve serve --fp8-weights`: the server loads the FP8 checkpoint held as asked (its
+    start-up log says so) and completes a token-id prompt through the openai SDK. (The
+    fixture has no tokenizer, so the tokens themselves are checked against transformers
+    by the generate / perplexity tests above, which load the model the same way.)"""
+    openai = pytest.importorskip("openai")
+    import server_util
+    model_dir, ref = _fp8_fixture()
+    with server_util.running(dserve_bin, model_dir, "--fp8-weights", mode, "--log-level", "info",
+                             "--threads", 2, "--kv-cache-memory", 16 << 20,
+                             log_path=tmp_path / "serve.log") as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model=client.models.list().data[0].id, prompt=ref["prompt"],
+                                      max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+        log = server.log()
+    assert r.usage.completion_tokens == 8
+    n_kv_b = _case("v3-qlora-yarn")["layers"]
+    kept = ref["n_fp8"] - n_kv_b if mode == "fp8" else 0
+    assert f"FP8 weights (--fp8-weights {mode}): {kept} kept as f8_e4m3" in log, log[-3000:]
+
+
 # --- MTP layers ----------------------------------------------------------------------
 
 def test_mtp_layer_is_loaded_and_skipped(dserve_bin, tmp_path):
