@@ -883,7 +883,10 @@ struct Fp8Weights {
   // copied, the scales the same, read from the first column's block on.
   Fp8Weights(const Fp8Weights& whole, int64_t first, int64_t n) : scales(whole.scales) {
     const int64_t rows = whole.view.shape[0], k = whole.view.shape[1];
-    for (int64_t r = 0; r < rows; ++r) q.insert(q.end(), &whole.q[r * k + first], &whole.q[r * k + first + n]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* row = whole.q.data() + r * k + first;
+      q.insert(q.end(), row, row + n);
+    }
     view = TensorView{DType::kF8_E4M3, {rows, n}, q.data(), q.size()};
     view.block_scales = whole.view.block_scales;
     view.block_scales.data = scales.data();
