@@ -73,12 +73,15 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
               "them in memory dserve made at load (the rest mapped from the files)",
               mib(model->model_weight_bytes_), mib(model->rank_weight_bytes_), mib(model->owned_bytes()));
   if (const Fp8Counts& f = model->fp8_; f.n_kept + f.n_converted > 0) {
+    const bool keep = model->files_->fp8_weights() == Fp8Weights::kFp8;
     DS_LOG_INFO("FP8 weights (--fp8-weights {}): {} kept as f8_e4m3, {:.1f} MiB at 1 byte per "
                 "weight plus {:.2f} MiB of f32 block scales; {} converted to bf16, {:.1f} MiB at 2 "
-                "bytes per weight (kv_b_proj, split for MLA's absorbed form, and "
-                "tensor-parallel cuts inside a block off a multiple of 16 columns)",
-                model->files_->fp8_weights() == Fp8Weights::kFp8 ? "fp8" : "bf16", f.n_kept,
-                mib(f.kept_bytes), mib(f.scale_bytes), f.n_converted, mib(f.converted_bytes));
+                "bytes per weight{}",
+                keep ? "fp8" : "bf16", f.n_kept, mib(f.kept_bytes), mib(f.scale_bytes), f.n_converted,
+                mib(f.converted_bytes),
+                keep ? " (kv_b_proj, split for MLA's absorbed form, and tensor-parallel cuts inside a "
+                       "block off a multiple of 16 columns)"
+                     : "");
   }
   if (comm->size() > 1) {
     const DeepseekConfig &c = model->config_, &sh = model->shard_;
