@@ -43,13 +43,6 @@ Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size) 
                   "nothing to dserve's CPU backend)", key);
     }
   }
-  if (o->enable_expert_parallel && o->size > 1) {
-    return unimplemented(
-        "--enable-expert-parallel with --data-parallel-size > 1: expert parallelism across "
-        "data-parallel engines (an all-to-all of tokens between them) is not built yet, only "
-        "within one engine's --tensor-parallel-size ranks; leave the flag out (with it off, every "
-        "data-parallel engine holds all experts, and the outputs are the same)");
-  }
   if (o->size_local < 0) o->size_local = o->headless ? 1 : o->size;
   if (o->size_local > o->size) {
     return invalid_argument("--data-parallel-size-local " + std::to_string(o->size_local) +

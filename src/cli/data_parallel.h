@@ -9,7 +9,8 @@
 // and --additional-config
 // (JSON; vLLM's platform-specific settings, which mean nothing to the CPU backend: each
 // key is logged as ignored). --enable-expert-parallel is a tensor-parallel flag
-// (cli/tensor_parallel.h); across data-parallel engines it is refused (not built yet).
+// (cli/tensor_parallel.h); with --data-parallel-size > 1 the routed experts are dealt
+// out over every engine and the engines step in lockstep (cli/expert_parallel.h).
 //
 // Thread-safety: main thread only.
 #pragma once

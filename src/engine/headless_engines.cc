@@ -230,6 +230,17 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
       if (d.finish_reason) ticket_rank.erase(it);
       post(msg::Output{rank, std::move(d)});
     }
+    // In lockstep (expert parallelism) an engine that failed stops the whole group:
+    // its requests' errors go out below, then this node exits.
+    bool leave_after_send = false;
+    if (config_.lockstep) {
+      for (size_t i = 0; i < engines.size() && !leave_after_send; ++i) {
+        if (engines[i]->healthy()) continue;
+        result = internal_error("data parallel: engine " + std::to_string(config_.start_rank + static_cast<int>(i)) +
+                                " of the expert-parallel group failed (see the error above); exiting");
+        leave_after_send = true;
+      }
+    }
     const auto now = Clock::now();
     const double silent = std::chrono::duration<double>(now - last_heard).count();
     if (!welcomed && std::chrono::duration<double>(now - started).count() > config_.startup_timeout_s) {
@@ -261,6 +272,7 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
         DS_LOG_WARN("data parallel: send failed: {}", e.what());
       }
     }
+    if (leave_after_send) break;
   }
   {
     std::lock_guard<std::mutex> lock(add_mu);

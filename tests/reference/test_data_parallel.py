@@ -12,8 +12,8 @@ random DeepSeek-V3 with R1's real tokenizer and chat template, F32, TP = 1, with
   headless node exits within seconds); a rank that never arrives (named after
   --distributed-timeout); no process left behind.
 - Bad input: flags that disagree between nodes, overlapping ranks, --headless without
-  --data-parallel-address, --enable-expert-parallel, invalid --additional-config: one
-  clear error each.
+  --data-parallel-address, DP with TP > 1, invalid --additional-config: one clear
+  error each. (Expert parallelism across the engines: test_expert_parallel.py.)
 
 The source's --gpu-memory-utilization 0.9 would give the KV cache 90% of this shared
 machine's memory on the CPU backend: the tests give it a fixed --kv-cache-memory
@@ -402,8 +402,8 @@ def test_nodes_that_disagree_are_refused(what, flags, start_rank, message, dserv
 
 @pytest.mark.parametrize("args,message", [
     (["--headless", "--data-parallel-size", 2], "--headless needs --data-parallel-address"),
-    (["--data-parallel-size", 2, "--enable-expert-parallel"],
-     "expert parallelism across data-parallel engines"),
+    (["--data-parallel-size", 2, "--tensor-parallel-size", 2, "--enable-expert-parallel"],
+     "data-parallel engines of several tensor-parallel ranks are not built yet"),
     (["--additional-config", "{not json"], "--additional-config: not a JSON object"),
     (["--data-parallel-size", 2, "--data-parallel-start-rank", 1],
      "--data-parallel-start-rank 1 without --headless"),
