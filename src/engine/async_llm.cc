@@ -405,10 +405,16 @@ void AsyncLlm::run_lockstep() {
     if (round->leaver >= 0) {
       // Nobody issues another collective from here on.
       in_group = false;
-      if (!failed && !stopping) {
-        fail(internal_error("data-parallel engine " + std::to_string(round->leaver) + " of the expert-parallel "
-                            "group " + (round->leaver_failed ? "failed" : "stopped") +
-                            "; the others cannot step without its experts"));
+      const std::string why = "data-parallel engine " + std::to_string(round->leaver) +
+                              " of the expert-parallel group " + (round->leaver_failed ? "failed" : "stopped") +
+                              "; the others cannot step without its experts";
+      if (!failed && !stopping && !round->leaver_failed && pending_->empty()) {
+        // A normal shutdown (nothing of ours was running): not an error, but no more steps.
+        DS_LOG_INFO("{}", why);
+        std::lock_guard<std::mutex> lock(mu_);
+        failed_ = true;
+      } else if (!failed && !stopping) {
+        fail(internal_error(why));
       }
       if (stopping) break;
       publish_stats();
