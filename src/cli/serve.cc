@@ -225,6 +225,19 @@ Result<std::vector<std::unique_ptr<dist::Communicator>>> connect_engines(const S
   return connect_expert_parallel(o.dp, fingerprint, o.tp.timeout_s);
 }
 
+// The load options of data-parallel engine `dp_rank`: with --tensor-parallel-size > 1
+// the engine is its own tensor-parallel group (engine_tensor_parallel).
+LlmOptions engine_options(const ServeOptions& o, const std::string& model_path, LlmOptions lo, int dp_rank) {
+  if (o.tp.size > 1 && o.dp.size > 1) {
+    lo.load_model = [tp = engine_tensor_parallel(o.tp, dp_rank), model_path](
+                        std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
+      return load_model_on_ranks(tp, std::move(files), backend, context,
+                                 "serve model=" + model_path + " ctx=" + std::to_string(context));
+    };
+  }
+  return lo;
+}
+
 // Engine i of this node: its LLM, loaded as its rank of the expert-parallel group
 // when there is one, behind its engine thread.
 Result<std::unique_ptr<AsyncLlm>> start_engine(const std::string& model_path, LlmOptions lo,
@@ -258,7 +271,8 @@ int run_headless(const ServeOptions& o, const std::string& model_path, const Llm
   std::vector<std::unique_ptr<AsyncLlm>> engines;
   for (int i = 0; i < o.dp.size_local; ++i) {
     Result<std::unique_ptr<AsyncLlm>> async =
-        start_engine(model_path, lo, headless.observer(i), hc.lockstep ? (*expert_comms)[i].get() : nullptr);
+        start_engine(model_path, engine_options(o, model_path, lo, o.dp.start_rank + i), headless.observer(i),
+                     hc.lockstep ? (*expert_comms)[i].get() : nullptr);
     if (!async.ok()) return report_error(async.status());
     engines.push_back(std::move(async).value());
   }
@@ -328,11 +342,26 @@ int run_serve(ServeOptions o) {
   lo.isa = o.common.isa;
   // fp8 is how FP8 checkpoints load anyway; the W8A8 formats are checked by the loader.
   lo.quantization = o.quantization == "fp8" ? "" : o.quantization;
-  if (o.tp.size > 1) {
+  if (o.tp.size > 1 && o.dp.size > 1 && o.tp.nnodes != 1) {
+    return report_error(invalid_argument(
+        "--nnodes " + std::to_string(o.tp.nnodes) + " with --data-parallel-size " + std::to_string(o.dp.size) +
+        ": a data-parallel engine's tensor-parallel ranks run on its own node (the data-parallel flags "
+        "place the engines on nodes)"));
+  }
+  if (o.tp.size > 1 && o.dp.size == 1) {
     lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
       return load_model_on_ranks(o.tp, std::move(files), backend, context,
                                  "serve model=" + model_path + " ctx=" + std::to_string(context));
     };
+  }
+  if (o.tp.size > 1 && o.dp.size > 1 && o.tp.rank >= 0) {
+    // A tensor-parallel rank its engine's launcher started: it joins that engine's group
+    // and follows it inside LLM::create until the engine ends (it does not return).
+    if (o.tp.dp_rank < 0 || o.tp.dp_rank >= o.dp.size) {
+      return report_error(invalid_argument("--tp-rank without a valid --tp-dp-rank under --data-parallel-size"));
+    }
+    Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, engine_options(o, model_path, lo, o.tp.dp_rank));
+    return report_error(llm.ok() ? internal_error("a tensor-parallel worker's model load returned") : llm.status());
   }
   engine_msg::NodeConfig node;
   node.model = model_path;
@@ -353,7 +382,8 @@ int run_serve(ServeOptions o) {
   std::vector<std::unique_ptr<AsyncLlm>> local;
   for (int i = 0; i < o.dp.size_local; ++i) {
     Result<std::unique_ptr<AsyncLlm>> async =
-        start_engine(model_path, lo, metrics.engine(i), lockstep ? (*expert_comms)[i].get() : nullptr);
+        start_engine(model_path, engine_options(o, model_path, lo, i), metrics.engine(i),
+                     lockstep ? (*expert_comms)[i].get() : nullptr);
     if (!async.ok()) return report_error(async.status());
     local.push_back(std::move(async).value());
   }
