@@ -48,8 +48,15 @@ Result<std::vector<std::unique_ptr<dist::Communicator>>> connect_expert_parallel
   std::vector<std::unique_ptr<dist::Communicator>> comms;
   for (int i = 0; i < n; ++i) {
     if (!results[i]->ok()) {
-      return results[i]->status().with_context("expert-parallel group (data-parallel rank " +
-                                               std::to_string(o.start_rank + i) + ")");
+      Status s = results[i]->status().with_context("expert-parallel group (data-parallel rank " +
+                                                  std::to_string(o.start_rank + i) + ")");
+      if (s.message().find("did not join") != std::string::npos) {
+        // The likeliest cause besides a node not started yet: one started without the flag
+        // (it never looks for the group).
+        s = Status(s.code(), s.message() + "; every node needs --enable-expert-parallel (and the same "
+                                           "--data-parallel-rpc-port), or none");
+      }
+      return s;
     }
     comms.push_back(std::move(*results[i]).value());
   }

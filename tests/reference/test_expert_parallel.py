@@ -11,6 +11,7 @@ DeepSeek-V2 (softmax routing, two shared experts) with both engines in one proce
   checkpoint's config.json (every routed expert held by exactly one engine).
 - One engine idle while the other decodes a long request: the long request completes,
   and a request sent later (to the idle engine, the least loaded) is served meanwhile.
+- A headless node started without --enable-expert-parallel: named, with the flag.
 - The headless node killed mid-stream: the streams end with an error, /health turns
   503 and the API server exits with a message; the API server killed: the headless node
   exits within seconds. No process left behind.
@@ -312,3 +313,24 @@ def test_killed_headless_node_stops_the_group(dserve_bin, r1, tmp_path):
     finally:
         assert node.reap()
         h.reap()
+
+
+def test_node_without_expert_parallel_is_named(dserve_bin, r1, tmp_path):
+    """The API server's node with --enable-expert-parallel, the headless node without:
+    the group's rendezvous names the engine that never joined and the flag; both exit."""
+    model_dir, _ = r1
+    port, rpc = dp.free_port(), dp.free_port()
+    dp_flags = dp.source_flags
+    dp.source_flags = lambda *a, **k: dp_flags(*a, **k) + EP
+    try:
+        h = dp.head(dserve_bin, model_dir, port, rpc, tmp_path, timeout=4)
+    finally:
+        dp.source_flags = dp_flags
+    node = dp.headless(dserve_bin, model_dir, rpc, tmp_path, timeout=4)
+    try:
+        dp.expect_failure(h, "rank(s) 1 of 2 did not join the rendezvous")
+        assert "every node needs --enable-expert-parallel" in h.log()
+        dp.expect_failure(node, "no answer from the API server")
+    finally:
+        h.reap()
+        node.reap()
