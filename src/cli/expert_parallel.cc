@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "base/log.h"
@@ -42,7 +43,15 @@ Result<std::vector<std::unique_ptr<dist::Communicator>>> connect_expert_parallel
     // byte per engine: nothing for the shared-memory all-reduce to speed up.
     g.shared_memory = false;
     if (i == 0 && server) g.server = std::move(server);
-    threads.emplace_back([&results, i, g = std::move(g)]() mutable { results[i] = dist::connect_gloo(std::move(g)); });
+    try {
+      threads.emplace_back([&results, i, g = std::move(g)]() mutable { results[i] = dist::connect_gloo(std::move(g)); });
+    } catch (const std::system_error& e) {
+      // The threads already started wait for this rank until the timeout: let them.
+      for (std::thread& t : threads) t.join();
+      return Status(StatusCode::kResourceExhausted,
+                    std::string("cannot create the expert-parallel connection thread (") + e.what() +
+                        "): the process or container limits threads (RLIMIT_NPROC, pids.max)");
+    }
   }
   for (std::thread& t : threads) t.join();
   std::vector<std::unique_ptr<dist::Communicator>> comms;

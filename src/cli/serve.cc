@@ -309,22 +309,24 @@ int run_serve(ServeOptions o) {
   }
   o.dp.enable_expert_parallel = o.tp.expert_parallel;
   if (Status s = validate_data_parallel(&o.dp, o.tp.size); !s.ok()) return report_error(s);
-  std::unique_ptr<server::AuditLog> audit_log;
-  if (!o.audit_log.empty()) {
-    Result<std::unique_ptr<server::AuditLog>> a = server::AuditLog::open(o.audit_log);
-    if (!a.ok()) return report_error(a.status());
-    audit_log = std::move(a).value();
-  }
   const std::string model_path = o.common.model.empty() ? default_model_path() : o.common.model;
   if (o.served_model_name.empty()) o.served_model_name.push_back(model_path);
 
-  // Signals go to one thread that waits for them; block them before any thread starts.
+  // Signals go to one thread that waits for them; block them before any thread starts
+  // (the audit log's writer too: a SIGTERM delivered to a thread that does not block it
+  // kills the process at once, losing the drain and the audit lines not yet written).
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a write to a closed socket is an error, not a death
+  std::unique_ptr<server::AuditLog> audit_log;
+  if (!o.audit_log.empty()) {
+    Result<std::unique_ptr<server::AuditLog>> a = server::AuditLog::open(o.audit_log);
+    if (!a.ok()) return report_error(a.status());
+    audit_log = std::move(a).value();
+  }
 
   LlmOptions lo;
   lo.max_num_seqs = o.max_num_seqs;

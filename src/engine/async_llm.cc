@@ -1,6 +1,9 @@
 #include "dserve/async_llm.h"
 
 #include <future>
+#include <string>
+#include <system_error>
+#include <thread>
 
 #include "base/log.h"
 #include "engine/dp_lockstep.h"
@@ -63,13 +66,19 @@ Result<std::unique_ptr<AsyncLlm>> AsyncLlm::create(std::unique_ptr<LLM> llm,
   if (!llm) return invalid_argument("AsyncLlm needs a loaded LLM");
   std::unique_ptr<AsyncLlm> a(new AsyncLlm(std::move(llm), observer));
   a->lockstep_ = lockstep;
-  a->thread_ = std::thread([p = a.get()] {
-    if (p->lockstep_ != nullptr) {
-      p->run_lockstep();
-    } else {
-      p->run();
-    }
-  });
+  try {
+    a->thread_ = std::thread([p = a.get()] {
+      if (p->lockstep_ != nullptr) {
+        p->run_lockstep();
+      } else {
+        p->run();
+      }
+    });
+  } catch (const std::system_error& e) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("cannot create the engine thread (") + e.what() +
+                      "): the process or container limits threads (RLIMIT_NPROC, pids.max)");
+  }
   return a;
 }
 

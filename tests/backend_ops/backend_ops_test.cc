@@ -307,6 +307,42 @@ TEST(CpuKernelsTest, BatchedMatmulEqualsPerRowKernels) {
   }
 }
 
+TEST(CpuKernelsTest, BatchedKQuantMatmulEqualsPerRowKernels) {
+  // The same for the K-quants (batched kernels over Q8x256 rows) on the levels where
+  // both kernels serve calls (matmul_batched_min_tokens > 1: ARM's per-row kernel takes
+  // calls of 1-3 tokens; the x86 levels' batched kernels take every call): token counts
+  // around ARM's groups of 4 and 16, one and several blocks.
+  std::mt19937 rng(7);
+  for (CpuIsa isa : cpu::supported_isas()) {
+    const cpu::KernelTable& kt = cpu::kernels_for(isa);
+    if (kt.matmul_batched_min_tokens <= 1) continue;
+    for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+      if (kt.matmul_batched[static_cast<int>(t)] == nullptr) continue;
+      for (int64_t k : {256, 768}) {
+        for (int64_t n_tokens : {1, 5, 6, 7, 16, 17, 35}) {
+          SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(dtype_name(t)) +
+                       " k=" + std::to_string(k) + " tokens=" + std::to_string(n_tokens));
+          const int64_t n = 19;
+          std::vector<uint8_t> w = random_weights(t, n, k, rng);
+          std::vector<float> x = random_floats(n_tokens * k, rng);
+          const int64_t x_stride = cpu::act_row_bytes(cpu::ActFormat::kQ8x256, k);
+          std::vector<uint8_t> rows(x_stride * n_tokens);
+          for (int64_t i = 0; i < n_tokens; ++i) kt.quantize_q8x256(x.data() + i * k, k, rows.data() + i * x_stride);
+          const size_t w_stride = dtype_bytes(t, k);
+          std::vector<float> want(n_tokens * n), got(n_tokens * n);
+          kt.matmul[static_cast<int>(t)](w.data(), w_stride, rows.data(), x_stride, k, n, n_tokens,
+                                         want.data(), n);
+          std::vector<uint8_t> scratch(cpu::matmul_batched_scratch_bytes(k) + 64);
+          uint8_t* aligned = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64);
+          kt.matmul_batched[static_cast<int>(t)](w.data(), w_stride, rows.data(), k, n, n_tokens,
+                                                 got.data(), n, aligned);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuKernelsTest, PackedMatmulEqualsPerRowKernels) {
   // Weights packed at load (KernelTable::pack_weight) through matmul_packed, and
   // activations quantised straight into tiles, against the per-row kernels on the

@@ -21,7 +21,10 @@ from aiohttp import web
 
 from conftest import run
 
-TOL_MS = 2.0  # scripted delay vs. measured latency
+# What the client measured vs. what the server saw, per request: the loopback round trip
+# plus the client's wake-up lateness, which a loaded machine stretches past 2 ms (seen
+# in CI); 5 ms still tells a delay counted from the wrong moment (>= 20 ms off).
+TOL_MS = 5.0
 
 
 def free_port() -> int:

@@ -56,6 +56,9 @@ def run(dserve_bin, default_model, tmp_path_factory):
         status, got = post(s, "/v1/completions", raw, "wrong-key", key="nope")
         sent["wrong-key"] = ("/v1/completions", raw, status, got)
         assert s.get("/health")[0] == 200  # probes are not audited
+    # SIGTERM drained and exited cleanly (a signal landing on a thread that did not block
+    # it, such as the audit writer, used to kill the process: lines could be lost).
+    assert s.proc.returncode == 0, log.read_text()[-2000:]
     lines = [json.loads(x) for x in audit.read_text().splitlines()]
     return sent, lines, audit.read_text(), log.read_text()
 

@@ -120,7 +120,8 @@ using MatmulTileFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* 
 //   int8 qs[8][T][4]   (the 4 values of group g of token t at [g][t])
 //   float d[T], s[T]   (as in the Q8x32 row)
 //   int32 off8[T], off128[T]   (-8 and -128 times the block's sum of qs)
-// Slots past the last token of the final tile are not read.
+// Slots past the last token of the final tile hold stale bytes: a kernel may read them
+// (into results it does not store), never rely on them.
 static constexpr int64_t q8x32_tile_block_bytes(int64_t tile) { return 48 * tile; }
 static constexpr int64_t q8x32_tiles_bytes(int64_t k, int64_t n_tokens, int64_t tile) {
   return (n_tokens + tile - 1) / tile * (k / 32) * q8x32_tile_block_bytes(tile);

@@ -163,44 +163,146 @@ struct Q4_1Traits {
   }
 };
 
-// One weight row . one activation row. Blocks go four at a time: their four integer
-// sums form one vector, so the scale products and the accumulation are vector work.
+// Every (row, token) result of these types is, on both levels and in every kernel,
+// the same sequence of float operations over the blocks in order:
+//   r = fma(float(isum_b), d_w[b] * d_x[b], r)        isum_b: the block's exact int dot
+//   r = fma(m_w[b], s_x[b], r)                         Q4_1 only
+// starting from r = 0. The kernels below vectorise across rows (per-row path) or
+// tokens (batched path), never along one result's chain, so each lane does exactly
+// this and the batched kernel gives the per-row kernel's bits.
+
+// Rows r0 .. r0+3 of w (a row past n_rows repeats the last one; only real rows are
+// stored) as lanes: for each token, the four rows' block dots come from two dot_s8 per
+// row, pairwise-added so lane j holds row j's exact sum.
 template <typename Traits>
-float dot_q32_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
+void matmul_q32_rows(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t x_stride, int64_t k,
+                     int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride) {
   using Block = typename Traits::Block;
-  const Block* blocks = reinterpret_cast<const Block*>(w);
-  const Q8x32Row x = q8x32_row(xb, k);
   const int64_t nb = k / 32;
-  float32x4_t acc = vdupq_n_f32(0.0f);
-  int64_t b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    int32x4_t sums[4];
-    uint16_t dh[4], mh[4];
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
+    const int nr = static_cast<int>(n_rows - r0 < 4 ? n_rows - r0 : 4);
+    const Block* rows[4];
     for (int j = 0; j < 4; ++j) {
-      const Block& blk = blocks[b + j];
-      int8x16_t lo, hi;
-      Traits::unpack(blk, &lo, &hi);
-      const int8_t* a = x.qs + 32 * (b + j);
-      sums[j] = dot_s8(dot_s8(vdupq_n_s32(0), lo, vld1q_s8(a)), hi, vld1q_s8(a + 16));
-      dh[j] = blk.d;
-      if constexpr (Traits::kMin) mh[j] = blk.m;
+      rows[j] = reinterpret_cast<const Block*>(w + (r0 + (j < nr ? j : nr - 1)) * w_stride);
     }
-    const int32x4_t s = vpaddq_s32(vpaddq_s32(sums[0], sums[1]), vpaddq_s32(sums[2], sums[3]));
-    const float32x4_t scale = vmulq_f32(f16x4_to_f32(dh), vld1q_f32(x.d + b));
-    acc = vfmaq_f32(acc, vcvtq_f32_s32(s), scale);
-    if constexpr (Traits::kMin) acc = vfmaq_f32(acc, f16x4_to_f32(mh), vld1q_f32(x.s + b));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const Q8x32Row xr = q8x32_row(x + t * x_stride, k);
+      float32x4_t acc = vdupq_n_f32(0.0f);
+      for (int64_t b = 0; b < nb; ++b) {
+        const int8x16_t x0 = vld1q_s8(xr.qs + 32 * b), x1 = vld1q_s8(xr.qs + 32 * b + 16);
+        int32x4_t part[4];
+        uint16_t dh[4], mh[4];
+        for (int j = 0; j < 4; ++j) {
+          const Block& blk = rows[j][b];
+          int8x16_t lo, hi;
+          Traits::unpack(blk, &lo, &hi);
+          part[j] = dot_s8(dot_s8(vdupq_n_s32(0), lo, x0), hi, x1);
+          dh[j] = blk.d;
+          if constexpr (Traits::kMin) mh[j] = blk.m;
+        }
+        const int32x4_t isum = vpaddq_s32(vpaddq_s32(part[0], part[1]), vpaddq_s32(part[2], part[3]));
+        acc = vfmaq_f32(acc, vcvtq_f32_s32(isum), vmulq_n_f32(f16x4_to_f32(dh), xr.d[b]));
+        if constexpr (Traits::kMin) acc = vfmaq_n_f32(acc, f16x4_to_f32(mh), xr.s[b]);
+      }
+      float out[4];
+      vst1q_f32(out, acc);
+      std::memcpy(y + t * y_stride + r0, out, static_cast<size_t>(nr) * sizeof(float));
+    }
   }
-  float r = vaddvq_f32(acc);
-  for (; b < nb; ++b) {
-    const Block& blk = blocks[b];
-    int8x16_t lo, hi;
-    Traits::unpack(blk, &lo, &hi);
-    const int sum = dot32(lo, hi, x.qs + 32 * b);
-    r = fma1(static_cast<float>(sum), f16_to_f32_neon(blk.d) * x.d[b], r);
-    if constexpr (Traits::kMin) r = fma1(f16_to_f32_neon(blk.m), x.s[b], r);
-  }
-  return r;
 }
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// The batched path (MatmulBatchFn) over activation tiles of kArmTile tokens
+// (kernels.h): a tile block's group g holds 4 bytes per token, so 16 bytes are four
+// tokens' values of that group, and SDOT by lane multiplies them by one row's 4
+// weights of the group: lanes are tokens. A step covers 4 rows x NQ quads of tokens;
+// the weights are unpacked once per step for all its tokens. No repacking (scratch
+// unused): the rows are read where they are.
+constexpr int kArmTile = 8;
+
+template <typename Traits, int NQ>
+inline void q32_tile_step(const typename Traits::Block* const* rows, int nr, int64_t nb, const uint8_t* tile,
+                          float* y, int64_t y_stride, int nt) {
+  constexpr int64_t kBlockBytes = q8x32_tile_block_bytes(kArmTile);
+  float32x4_t acc[4][NQ];
+  for (int j = 0; j < 4; ++j) {
+    for (int q = 0; q < NQ; ++q) acc[j][q] = vdupq_n_f32(0.0f);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* xb = tile + b * kBlockBytes;
+    int8x16_t lo[4], hi[4];
+    float dw[4], mw[4];
+    for (int j = 0; j < 4; ++j) {
+      Traits::unpack(rows[j][b], &lo[j], &hi[j]);
+      dw[j] = f16_to_f32_neon(rows[j][b].d);
+      if constexpr (Traits::kMin) mw[j] = f16_to_f32_neon(rows[j][b].m);
+    }
+    int32x4_t isum[4][NQ];
+    for (int j = 0; j < 4; ++j) {
+      for (int q = 0; q < NQ; ++q) isum[j][q] = vdupq_n_s32(0);
+    }
+#define DSERVE_Q32_GROUP(G, W)                                                                 \
+  for (int q = 0; q < NQ; ++q) {                                                               \
+    const int8x16_t xg = vld1q_s8(reinterpret_cast<const int8_t*>(xb) + 4 * ((G) * kArmTile + 4 * q)); \
+    for (int j = 0; j < 4; ++j) isum[j][q] = vdotq_laneq_s32(isum[j][q], xg, W[j], (G) % 4);   \
+  }
+    DSERVE_Q32_GROUP(0, lo)
+    DSERVE_Q32_GROUP(1, lo)
+    DSERVE_Q32_GROUP(2, lo)
+    DSERVE_Q32_GROUP(3, lo)
+    DSERVE_Q32_GROUP(4, hi)
+    DSERVE_Q32_GROUP(5, hi)
+    DSERVE_Q32_GROUP(6, hi)
+    DSERVE_Q32_GROUP(7, hi)
+#undef DSERVE_Q32_GROUP
+    const float* xd = reinterpret_cast<const float*>(xb + 4 * 8 * kArmTile);
+    const float* xs = xd + kArmTile;
+    for (int q = 0; q < NQ; ++q) {
+      const float32x4_t dq = vld1q_f32(xd + 4 * q);
+      for (int j = 0; j < 4; ++j) {
+        acc[j][q] = vfmaq_f32(acc[j][q], vcvtq_f32_s32(isum[j][q]), vmulq_n_f32(dq, dw[j]));
+      }
+      if constexpr (Traits::kMin) {
+        const float32x4_t sq = vld1q_f32(xs + 4 * q);
+        for (int j = 0; j < 4; ++j) acc[j][q] = vfmaq_n_f32(acc[j][q], sq, mw[j]);
+      }
+    }
+  }
+  for (int q = 0; q < NQ; ++q) {
+    float out[4][4];  // [row][token]
+    for (int j = 0; j < 4; ++j) vst1q_f32(out[j], acc[j][q]);
+    for (int i = 0; i < 4 && 4 * q + i < nt; ++i) {
+      for (int j = 0; j < nr; ++j) y[(4 * q + i) * y_stride + j] = out[j][i];
+    }
+  }
+}
+
+template <typename Traits>
+void matmul_q32_batched(const uint8_t* w, size_t w_stride, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
+                        int64_t n_tokens, float* y, int64_t y_stride, uint8_t* /*scratch*/) {
+  using Block = typename Traits::Block;
+  const int64_t nb = k / 32;
+  const int64_t tile_bytes = nb * q8x32_tile_block_bytes(kArmTile);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
+    const int nr = static_cast<int>(n_rows - r0 < 4 ? n_rows - r0 : 4);
+    const Block* rows[4];
+    for (int j = 0; j < 4; ++j) {
+      rows[j] = reinterpret_cast<const Block*>(w + (r0 + (j < nr ? j : nr - 1)) * w_stride);
+    }
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kArmTile) {
+      const int nt = static_cast<int>(n_tokens - t0 < kArmTile ? n_tokens - t0 : kArmTile);
+      const uint8_t* tile = x_tiles + t0 / kArmTile * tile_bytes;
+      float* yt = y + t0 * y_stride + r0;
+      // Slots past the last token hold stale values whose results are not stored.
+      if (nt > 4) {
+        q32_tile_step<Traits, 2>(rows, nr, nb, tile, yt, y_stride, nt);
+      } else {
+        q32_tile_step<Traits, 1>(rows, nr, nb, tile, yt, y_stride, nt);
+      }
+    }
+  }
+}
+#endif  // __ARM_FEATURE_DOTPROD
 
 // ---- Q4_K / Q5_K / Q6_K x Q8x256 ----
 //
@@ -294,6 +396,190 @@ float dot_q6k_row(const uint8_t* w, const uint8_t* xb, int64_t k) {
   }
   return acc;
 }
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// ---- Q4_K / Q5_K / Q6_K, batched (MatmulBatchFn over Q8x256 rows) ----
+//
+// Tokens as SDOT lanes, as for the 32-block types: up to 16 tokens at a time are
+// regrouped into the thread's scratch (per 256-block: for each quad of 4 tokens and
+// each group of 4 elements, the quad's 4 x 4 bytes; then per quad and sub-block of 32
+// the 4 tokens' sums of their values, and their block scales), and each weight row's
+// block is unpacked once to 256 int8 values (stack) for those 16 tokens. A block's
+// integer dots are exact and its float steps are the per-row kernels' (with
+// -ffp-contract=off, written the same way), so every token gets the per-row bits.
+constexpr int kKqTokens = 16;
+constexpr int kKqQuads = kKqTokens / 4;
+constexpr int64_t kKqQsBytes = kKqQuads * 64 * 16;                       // per 256-block
+constexpr int64_t kKqBlockBytes = kKqQsBytes + kKqQuads * 8 * 16 + kKqQuads * 16;
+static_assert(kKqBlockBytes <= matmul_batched_scratch_bytes(256), "the regrouped tokens fit the scratch");
+
+// Tokens [t0, t0 + nt) of the Q8x256 rows into the layout above; absent tokens are zeros.
+inline void regroup_q8x256(const uint8_t* x, size_t x_stride, int64_t k, int64_t t0, int nt, uint8_t* out) {
+  const int64_t nb = k / 256;
+  std::memset(out, 0, static_cast<size_t>(nb * kKqBlockBytes));
+  for (int i = 0; i < nt; ++i) {
+    const Q8x256Row a = q8x256_row(x + (t0 + i) * x_stride, k);
+    const int q = i / 4, lane = i % 4;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = out + b * kKqBlockBytes;
+      uint8_t* qs = blk + q * 64 * 16 + 4 * lane;
+      for (int g = 0; g < 64; ++g) std::memcpy(qs + 16 * g, a.qs + 256 * b + 4 * g, 4);
+      auto* sums = reinterpret_cast<int32_t*>(blk + kKqQsBytes) + q * 8 * 4 + lane;
+      const int16_t* bs = a.bsums + 16 * b;
+      for (int sb = 0; sb < 8; ++sb) sums[4 * sb] = bs[2 * sb] + bs[2 * sb + 1];
+      auto* d = reinterpret_cast<float*>(blk + kKqQsBytes + kKqQuads * 8 * 16) + 4 * q + lane;
+      *d = a.d[b];
+    }
+  }
+}
+
+// A row's 256-block as 16 chunks of 16 int8 weights with one integer scale each (the
+// sub-block's), plus Q4_K/Q5_K's minimum terms.
+struct KBlock {
+  alignas(16) int8_t w[256];
+  int32_t scale[16];
+  int32_t mn[8];
+  float d, dmin;
+};
+
+template <bool kFifthBit>
+inline void unpack_q45k(const uint8_t* p, KBlock* out) {
+  using Block = std::conditional_t<kFifthBit, block_q5_K, block_q4_K>;
+  const Block& blk = *reinterpret_cast<const Block*>(p);
+  const uint8x16_t low4 = vdupq_n_u8(0x0F);
+  uint8x16_t qh0 = vdupq_n_u8(0), qh1 = vdupq_n_u8(0);
+  if constexpr (kFifthBit) {
+    qh0 = vld1q_u8(blk.qh);
+    qh1 = vld1q_u8(blk.qh + 16);
+  }
+  for (int g = 0; g < 4; ++g) {
+    uint8_t sc_lo, mn_lo, sc_hi, mn_hi;
+    q_k_scale_min(2 * g, blk.scales, &sc_lo, &mn_lo);
+    q_k_scale_min(2 * g + 1, blk.scales, &sc_hi, &mn_hi);
+    out->scale[4 * g] = out->scale[4 * g + 1] = sc_lo;
+    out->scale[4 * g + 2] = out->scale[4 * g + 3] = sc_hi;
+    out->mn[2 * g] = mn_lo;
+    out->mn[2 * g + 1] = mn_hi;
+    const uint8x16_t v0 = vld1q_u8(blk.qs + 32 * g), v1 = vld1q_u8(blk.qs + 32 * g + 16);
+    uint8x16_t lo0 = vandq_u8(v0, low4), lo1 = vandq_u8(v1, low4);
+    uint8x16_t hi0 = vshrq_n_u8(v0, 4), hi1 = vshrq_n_u8(v1, 4);
+    if constexpr (kFifthBit) {
+      const uint8x16_t sixteen = vdupq_n_u8(0x10);
+      const uint8x16_t bit_lo = vdupq_n_u8(static_cast<uint8_t>(1 << (2 * g)));
+      const uint8x16_t bit_hi = vdupq_n_u8(static_cast<uint8_t>(1 << (2 * g + 1)));
+      lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(qh0, bit_lo), sixteen));
+      lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(qh1, bit_lo), sixteen));
+      hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(qh0, bit_hi), sixteen));
+      hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(qh1, bit_hi), sixteen));
+    }
+    vst1q_s8(out->w + 64 * g, vreinterpretq_s8_u8(lo0));
+    vst1q_s8(out->w + 64 * g + 16, vreinterpretq_s8_u8(lo1));
+    vst1q_s8(out->w + 64 * g + 32, vreinterpretq_s8_u8(hi0));
+    vst1q_s8(out->w + 64 * g + 48, vreinterpretq_s8_u8(hi1));
+  }
+  out->d = f16_to_f32_neon(blk.d);
+  out->dmin = f16_to_f32_neon(blk.dmin);
+}
+
+inline void unpack_q6k(const uint8_t* p, KBlock* out) {
+  const block_q6_K& blk = *reinterpret_cast<const block_q6_K*>(p);
+  const uint8x16_t low4 = vdupq_n_u8(0x0F), low2 = vdupq_n_u8(0x03);
+  const int8x16_t off = vdupq_n_s8(32);
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = blk.ql + 64 * h;
+    const uint8_t* qh = blk.qh + 32 * h;
+    for (int c = 0; c < 2; ++c) {
+      const uint8x16_t la = vld1q_u8(ql + 16 * c), lb = vld1q_u8(ql + 32 + 16 * c);
+      const uint8x16_t hb = vld1q_u8(qh + 16 * c);
+      const uint8x16_t q[4] = {
+          vorrq_u8(vandq_u8(la, low4), vshlq_n_u8(vandq_u8(hb, low2), 4)),
+          vorrq_u8(vandq_u8(lb, low4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), low2), 4)),
+          vorrq_u8(vshrq_n_u8(la, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), low2), 4)),
+          vorrq_u8(vshrq_n_u8(lb, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))};
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        vst1q_s8(out->w + 128 * h + 32 * quarter + 16 * c, vsubq_s8(vreinterpretq_s8_u8(q[quarter]), off));
+      }
+    }
+  }
+  for (int c = 0; c < 16; ++c) out->scale[c] = blk.scales[c];
+  out->d = f16_to_f32_neon(blk.d);
+}
+
+// acc[q] (lane i = token 4q + i), q < NQ, += this block's term for NQ quads of the regrouped tile
+// block `xb`, as dot_q45k_row / dot_q6k_row add it.
+template <bool kHasMin, int NQ>
+inline void kquant_block(const KBlock& w, const uint8_t* xb, float32x4_t* acc) {
+  const int8_t* xq = reinterpret_cast<const int8_t*>(xb);
+  int32x4_t isum[NQ];
+  for (int q = 0; q < NQ; ++q) isum[q] = vdupq_n_s32(0);
+  for (int c = 0; c < 16; ++c) {
+    const int8x16_t wc = vld1q_s8(w.w + 16 * c);
+    for (int q = 0; q < NQ; ++q) {
+      const int8_t* x = xq + q * 64 * 16 + 4 * c * 16;  // groups 4c .. 4c + 3
+      int32x4_t dot = vdupq_n_s32(0);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x), wc, 0);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x + 16), wc, 1);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x + 32), wc, 2);
+      dot = vdotq_laneq_s32(dot, vld1q_s8(x + 48), wc, 3);
+      isum[q] = vmlaq_n_s32(isum[q], dot, w.scale[c]);
+    }
+  }
+  const auto* sums = reinterpret_cast<const int32_t*>(xb + kKqQsBytes);
+  const auto* dx = reinterpret_cast<const float*>(xb + kKqQsBytes + kKqQuads * 8 * 16);
+  for (int q = 0; q < NQ; ++q) {
+    const float32x4_t d = vld1q_f32(dx + 4 * q);
+    if constexpr (kHasMin) {
+      int32x4_t msum = vdupq_n_s32(0);
+      for (int sb = 0; sb < 8; ++sb) msum = vmlaq_n_s32(msum, vld1q_s32(sums + 4 * (8 * q + sb)), w.mn[sb]);
+      // acc += d_x * (d * isum - dmin * msum)
+      const float32x4_t t = vsubq_f32(vmulq_n_f32(vcvtq_f32_s32(isum[q]), w.d),
+                                      vmulq_n_f32(vcvtq_f32_s32(msum), w.dmin));
+      acc[q] = vaddq_f32(acc[q], vmulq_f32(d, t));
+    } else {
+      // acc += d_x * d * isum
+      acc[q] = vaddq_f32(acc[q], vmulq_f32(vmulq_n_f32(d, w.d), vcvtq_f32_s32(isum[q])));
+    }
+  }
+}
+
+template <int kType>  // 4: Q4_K, 5: Q5_K, 6: Q6_K
+void matmul_kquant_batched_neon(const uint8_t* w, size_t w_stride, const uint8_t* x, int64_t k, int64_t n_rows,
+                                int64_t n_tokens, float* y, int64_t y_stride, uint8_t* scratch) {
+  constexpr bool kHasMin = kType != 6;
+  constexpr int64_t kBlockBytes = kType == 4 ? sizeof(block_q4_K) : kType == 5 ? sizeof(block_q5_K)
+                                                                                 : sizeof(block_q6_K);
+  const int64_t nb = k / 256;
+  const size_t x_stride = static_cast<size_t>(act_row_bytes(ActFormat::kQ8x256, k));
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kKqTokens) {
+    const int nt = static_cast<int>(n_tokens - t0 < kKqTokens ? n_tokens - t0 : kKqTokens);
+    regroup_q8x256(x, x_stride, k, t0, nt, scratch);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      float32x4_t acc[kKqQuads];
+      for (int q = 0; q < kKqQuads; ++q) acc[q] = vdupq_n_f32(0.0f);
+      KBlock kb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = w + r * w_stride + b * kBlockBytes;
+        if constexpr (kType == 6) {
+          unpack_q6k(p, &kb);
+        } else {
+          unpack_q45k<kType == 5>(p, &kb);
+        }
+        const uint8_t* xb = scratch + b * kKqBlockBytes;
+        if (nt > 8) {
+          kquant_block<kHasMin, 4>(kb, xb, acc);
+        } else if (nt > 4) {
+          kquant_block<kHasMin, 2>(kb, xb, acc);
+        } else {
+          kquant_block<kHasMin, 1>(kb, xb, acc);
+        }
+      }
+      float out[kKqTokens];
+      for (int q = 0; q < kKqQuads; ++q) vst1q_f32(out + 4 * q, acc[q]);
+      for (int i = 0; i < nt; ++i) y[(t0 + i) * y_stride + r] = out[i];
+    }
+  }
+}
+#endif  // __ARM_FEATURE_DOTPROD
 
 // ---- F32 / F16 / BF16 x F32 ----
 
@@ -605,14 +891,24 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.matmul[static_cast<int>(DType::kF32)] = matmul_rows<dot_float_row<DType::kF32>>;
   t.matmul[static_cast<int>(DType::kF16)] = matmul_rows<dot_float_row<DType::kF16>>;
   t.matmul[static_cast<int>(DType::kBF16)] = matmul_rows<dot_float_row<DType::kBF16>>;
-  t.matmul[static_cast<int>(DType::kQ8_0)] = matmul_rows<dot_q32_row<Q8_0Traits>>;
-  t.matmul[static_cast<int>(DType::kQ4_0)] = matmul_rows<dot_q32_row<Q4_0Traits>>;
-  t.matmul[static_cast<int>(DType::kQ4_1)] = matmul_rows<dot_q32_row<Q4_1Traits>>;
+  t.matmul[static_cast<int>(DType::kQ8_0)] = matmul_q32_rows<Q8_0Traits>;
+  t.matmul[static_cast<int>(DType::kQ4_0)] = matmul_q32_rows<Q4_0Traits>;
+  t.matmul[static_cast<int>(DType::kQ4_1)] = matmul_q32_rows<Q4_1Traits>;
   t.matmul[static_cast<int>(DType::kQ4_K)] = matmul_rows<dot_q45k_row<false>>;
   t.matmul[static_cast<int>(DType::kQ5_K)] = matmul_rows<dot_q45k_row<true>>;
   t.matmul[static_cast<int>(DType::kQ6_K)] = matmul_rows<dot_q6k_row>;
   t.matmul_i8 = matmul_i8_neon;
 #if defined(__ARM_FEATURE_DOTPROD)
+  // Prompts and decode batches of 4 tokens or more: tokens as SDOT lanes (the per-row
+  // kernels' bits); fewer go per row.
+  t.matmul_batched[static_cast<int>(DType::kQ8_0)] = matmul_q32_batched<Q8_0Traits>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_0)] = matmul_q32_batched<Q4_0Traits>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_1)] = matmul_q32_batched<Q4_1Traits>;
+  t.matmul_batched[static_cast<int>(DType::kQ4_K)] = matmul_kquant_batched_neon<4>;
+  t.matmul_batched[static_cast<int>(DType::kQ5_K)] = matmul_kquant_batched_neon<5>;
+  t.matmul_batched[static_cast<int>(DType::kQ6_K)] = matmul_kquant_batched_neon<6>;
+  t.matmul_batched_min_tokens = 4;
+  t.matmul_batched_tile = kArmTile;
   // W8A8's packed panels need SDOT's per-lane sums (the ARMv8.0 level runs per row).
   t.pack_i8 = pack_i8_halves;
   t.matmul_packed[static_cast<int>(DType::kI8)] = matmul_i8_packed_halves<kI8TokensNeon, I8HalfTileNeon>;
