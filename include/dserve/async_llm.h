@@ -35,6 +35,10 @@
 
 namespace dserve {
 
+namespace dist {
+class Communicator;
+}
+
 // One piece of one request's output.
 struct OutputDelta {
   int index = 0;                       // which of the caller's requests (n > 1 choices)
@@ -86,9 +90,13 @@ class EngineObserver {
 class AsyncLlm : public EngineClient {
  public:
   // Takes the loaded LLM and starts the engine thread. `observer` may be null and
-  // must outlive the AsyncLlm.
+  // must outlive the AsyncLlm. lockstep (may be null; must outlive the AsyncLlm): the
+  // expert-parallel group of data-parallel engines this engine steps with
+  // (engine/dp_lockstep.h), the communicator of the model's expert exchanges. Once
+  // any engine of the group stops or fails, the others fail: they cannot step alone.
   static Result<std::unique_ptr<AsyncLlm>> create(std::unique_ptr<LLM> llm,
-                                                  EngineObserver* observer = nullptr);
+                                                  EngineObserver* observer = nullptr,
+                                                  dist::Communicator* lockstep = nullptr);
   // Aborts whatever is still running and joins the engine thread.
   ~AsyncLlm();
   AsyncLlm(const AsyncLlm&) = delete;
@@ -128,12 +136,21 @@ class AsyncLlm : public EngineClient {
   struct Command;
   AsyncLlm(std::unique_ptr<LLM> llm, EngineObserver* observer);
   void run();
+  void run_lockstep();
+  // Applies the commands (or, when `refuse`, answers adds with an error); deletes them.
+  void take(std::deque<Command*>& inbox, bool refuse, const char* why);
+  // Marks the engine failed and ends every unfinished request with `error`.
+  void fail(const Status& error);
+  bool is_failed() const;
+  void publish_stats();
+  void abort_remaining();
   void apply(Command& c);
   void publish(std::vector<EngineOutput>& outputs);
   void finish(RequestId id, const std::string& reason, const std::string& error = "");
 
   std::unique_ptr<LLM> llm_;
   EngineObserver* observer_;
+  dist::Communicator* lockstep_ = nullptr;
   int max_model_len_ = 0;
 
   mutable std::mutex mu_;

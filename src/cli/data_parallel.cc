@@ -43,13 +43,6 @@ Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size) 
                   "nothing to dserve's CPU backend)", key);
     }
   }
-  if (o->enable_expert_parallel && o->size > 1) {
-    return unimplemented(
-        "--enable-expert-parallel with --data-parallel-size > 1: expert parallelism across "
-        "data-parallel engines (an all-to-all of tokens between them) is not built yet, only "
-        "within one engine's --tensor-parallel-size ranks; leave the flag out (with it off, every "
-        "data-parallel engine holds all experts, and the outputs are the same)");
-  }
   if (o->size_local < 0) o->size_local = o->headless ? 1 : o->size;
   if (o->size_local > o->size) {
     return invalid_argument("--data-parallel-size-local " + std::to_string(o->size_local) +
@@ -79,13 +72,25 @@ Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size) 
                            "built yet: the API server's node runs at least one engine");
     }
   }
-  if (o->size > 1 && tensor_parallel_size > 1) {
-    return unimplemented("--data-parallel-size " + std::to_string(o->size) +
-                         " with --tensor-parallel-size " + std::to_string(tensor_parallel_size) +
-                         ": data-parallel engines of several tensor-parallel ranks are not built "
-                         "yet; use one of the two");
+  if (o->size > 1 && tensor_parallel_size > 1 && o->enable_expert_parallel) {
+    return unimplemented("--data-parallel-size " + std::to_string(o->size) + " with --tensor-parallel-size " +
+                         std::to_string(tensor_parallel_size) +
+                         " and --enable-expert-parallel: expert parallelism over data-parallel engines "
+                         "that are themselves tensor-parallel is not built yet; use "
+                         "--tensor-parallel-size 1, or leave --enable-expert-parallel out (every engine "
+                         "then holds all experts, split over its tensor-parallel ranks)");
   }
   return Status::Ok();
+}
+
+TensorParallelOptions engine_tensor_parallel(const TensorParallelOptions& tp, int dp_rank) {
+  TensorParallelOptions e = tp;
+  e.nnodes = 1;
+  e.node_rank = 0;
+  e.master_addr = "127.0.0.1";
+  e.master_port = tp.master_port + dp_rank;
+  e.dp_rank = dp_rank;
+  return e;
 }
 
 }  // namespace dserve::cli

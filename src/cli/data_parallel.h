@@ -9,7 +9,8 @@
 // and --additional-config
 // (JSON; vLLM's platform-specific settings, which mean nothing to the CPU backend: each
 // key is logged as ignored). --enable-expert-parallel is a tensor-parallel flag
-// (cli/tensor_parallel.h); across data-parallel engines it is refused (not built yet).
+// (cli/tensor_parallel.h); with --data-parallel-size > 1 the routed experts are dealt
+// out over every engine and the engines step in lockstep (cli/expert_parallel.h).
 //
 // Thread-safety: main thread only.
 #pragma once
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "cli/tensor_parallel.h"
 
 namespace CLI {
 class App;
@@ -40,5 +42,11 @@ void add_data_parallel_options(CLI::App* cmd, DataParallelOptions* o);
 // Checks the flags together (and --tensor-parallel-size), fills in size_local, and
 // logs --additional-config's keys as ignored (once); one clear error otherwise.
 Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size);
+
+// Data-parallel engines that are themselves tensor-parallel: every engine is its own
+// group of --tensor-parallel-size ranks on its node, meeting at 127.0.0.1 on
+// --master-port + its data-parallel rank (so a node's engines do not share a port).
+// The tensor-parallel options of engine `dp_rank`.
+TensorParallelOptions engine_tensor_parallel(const TensorParallelOptions& tp, int dp_rank);
 
 }  // namespace dserve::cli

@@ -17,6 +17,7 @@
 #include "base/log_format.h"
 #include "chat/chat_template.h"
 #include "chat/chat_template_source.h"
+#include "cli/expert_parallel.h"
 #include "dserve/async_llm.h"
 #include "engine/dp_engine_client.h"
 #include "engine/headless_engines.h"
@@ -212,10 +213,55 @@ Result<std::unique_ptr<chat::ChatTemplate>> load_chat_template(const ServeOption
   return t;
 }
 
+// With --enable-expert-parallel across data-parallel engines: this node's engines'
+// places in the expert-parallel group (empty otherwise).
+Result<std::vector<std::unique_ptr<dist::Communicator>>> connect_engines(const ServeOptions& o,
+                                                                         const engine_msg::NodeConfig& node) {
+  if (!node.enable_expert_parallel || node.data_parallel_size == 1) {
+    return std::vector<std::unique_ptr<dist::Communicator>>();
+  }
+  const std::string fingerprint = "model=" + node.model + " --data-parallel-size " +
+                                  std::to_string(node.data_parallel_size) + " --tensor-parallel-size " +
+                                  std::to_string(node.tensor_parallel_size) + " --block-size " +
+                                  std::to_string(node.block_size) + " --dtype " + node.dtype +
+                                  " --max-model-len " + std::to_string(node.max_model_len);
+  return connect_expert_parallel(o.dp, fingerprint, o.tp.timeout_s);
+}
+
+// The load options of data-parallel engine `dp_rank`: with --tensor-parallel-size > 1
+// the engine is its own tensor-parallel group (engine_tensor_parallel).
+LlmOptions engine_options(const ServeOptions& o, const std::string& model_path, LlmOptions lo, int dp_rank) {
+  if (o.tp.size > 1 && o.dp.size > 1) {
+    lo.load_model = [tp = engine_tensor_parallel(o.tp, dp_rank), model_path](
+                        std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
+      return load_model_on_ranks(tp, std::move(files), backend, context,
+                                 "serve model=" + model_path + " ctx=" + std::to_string(context));
+    };
+  }
+  return lo;
+}
+
+// Engine i of this node: its LLM, loaded as its rank of the expert-parallel group
+// when there is one, behind its engine thread.
+Result<std::unique_ptr<AsyncLlm>> start_engine(const std::string& model_path, LlmOptions lo,
+                                               EngineObserver* observer, dist::Communicator* expert_comm) {
+  if (expert_comm != nullptr) {
+    lo.load_model = [expert_comm](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
+      return load_causal_lm(std::move(files), backend, context, nullptr, false, expert_comm);
+    };
+  }
+  Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
+  if (!llm.ok()) return llm.status();
+  return AsyncLlm::create(std::move(llm).value(), observer, expert_comm);
+}
+
 // `--headless`: this node's engines, serving the API server's node over ZeroMQ until
 // it goes away; SIGTERM/SIGINT end them.
 int run_headless(const ServeOptions& o, const std::string& model_path, const LlmOptions& lo,
                  const engine_msg::NodeConfig& node, sigset_t signals) {
+  // Before the engines (which borrow them), so destroyed after them.
+  Result<std::vector<std::unique_ptr<dist::Communicator>>> expert_comms = connect_engines(o, node);
+  if (!expert_comms.ok()) return report_error(expert_comms.status());
   HeadlessConfig hc;
   hc.head_address = o.dp.address;
   hc.rpc_port = o.dp.rpc_port;
@@ -223,12 +269,13 @@ int run_headless(const ServeOptions& o, const std::string& model_path, const Llm
   hc.n_engines = o.dp.size_local;
   hc.node = node;
   hc.startup_timeout_s = o.tp.timeout_s;
+  hc.lockstep = !expert_comms->empty();
   HeadlessEngines headless(hc);
   std::vector<std::unique_ptr<AsyncLlm>> engines;
   for (int i = 0; i < o.dp.size_local; ++i) {
-    Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
-    if (!llm.ok()) return report_error(llm.status());
-    Result<std::unique_ptr<AsyncLlm>> async = AsyncLlm::create(std::move(llm).value(), headless.observer(i));
+    Result<std::unique_ptr<AsyncLlm>> async =
+        start_engine(model_path, engine_options(o, model_path, lo, o.dp.start_rank + i), headless.observer(i),
+                     hc.lockstep ? (*expert_comms)[i].get() : nullptr);
     if (!async.ok()) return report_error(async.status());
     engines.push_back(std::move(async).value());
   }
@@ -301,11 +348,26 @@ int run_serve(ServeOptions o) {
   // fp8 is how FP8 checkpoints load anyway; the W8A8 formats are checked by the loader.
   lo.quantization = o.quantization == "fp8" ? "" : o.quantization;
   lo.fp8_weights = o.common.fp8_weights;
-  if (o.tp.size > 1) {
+  if (o.tp.size > 1 && o.dp.size > 1 && o.tp.nnodes != 1) {
+    return report_error(invalid_argument(
+        "--nnodes " + std::to_string(o.tp.nnodes) + " with --data-parallel-size " + std::to_string(o.dp.size) +
+        ": a data-parallel engine's tensor-parallel ranks run on its own node (the data-parallel flags "
+        "place the engines on nodes)"));
+  }
+  if (o.tp.size > 1 && o.dp.size == 1) {
     lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
       return load_model_on_ranks(o.tp, std::move(files), backend, context,
                                  "serve model=" + model_path + " ctx=" + std::to_string(context));
     };
+  }
+  if (o.tp.size > 1 && o.dp.size > 1 && o.tp.rank >= 0) {
+    // A tensor-parallel rank its engine's launcher started: it joins that engine's group
+    // and follows it inside LLM::create until the engine ends (it does not return).
+    if (o.tp.dp_rank < 0 || o.tp.dp_rank >= o.dp.size) {
+      return report_error(invalid_argument("--tp-rank without a valid --tp-dp-rank under --data-parallel-size"));
+    }
+    Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, engine_options(o, model_path, lo, o.tp.dp_rank));
+    return report_error(llm.ok() ? internal_error("a tensor-parallel worker's model load returned") : llm.status());
   }
   engine_msg::NodeConfig node;
   node.model = model_path;
@@ -317,13 +379,17 @@ int run_serve(ServeOptions o) {
   node.max_model_len = o.max_model_len;
   if (o.dp.headless) return run_headless(o, model_path, lo, node, signals);
 
-  // This node's engines: data-parallel ranks 0..size_local-1.
+  // This node's engines: data-parallel ranks 0..size_local-1. Their expert-parallel
+  // group (if any) is declared first: the engines borrow it, so it goes after them.
+  Result<std::vector<std::unique_ptr<dist::Communicator>>> expert_comms = connect_engines(o, node);
+  if (!expert_comms.ok()) return report_error(expert_comms.status());
+  const bool lockstep = !expert_comms->empty();
   server::ServerMetrics metrics(o.served_model_name.front(), o.dp.size);
   std::vector<std::unique_ptr<AsyncLlm>> local;
   for (int i = 0; i < o.dp.size_local; ++i) {
-    Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
-    if (!llm.ok()) return report_error(llm.status());
-    Result<std::unique_ptr<AsyncLlm>> async = AsyncLlm::create(std::move(llm).value(), metrics.engine(i));
+    Result<std::unique_ptr<AsyncLlm>> async =
+        start_engine(model_path, engine_options(o, model_path, lo, i), metrics.engine(i),
+                     lockstep ? (*expert_comms)[i].get() : nullptr);
     if (!async.ok()) return report_error(async.status());
     local.push_back(std::move(async).value());
   }
@@ -336,6 +402,7 @@ int run_serve(ServeOptions o) {
     dc.rpc_port = o.dp.rpc_port;
     dc.node = node;
     dc.startup_timeout_s = o.tp.timeout_s;
+    dc.lockstep = lockstep;
     dc.observer = [&metrics](int rank) { return metrics.engine(rank); };
     Result<std::unique_ptr<DpEngineClient>> dp = DpEngineClient::create(dc, std::move(local));
     if (!dp.ok()) return report_error(dp.status());

@@ -52,6 +52,7 @@ std::vector<std::string>& command_line() {
 // end the launcher waits for them.
 class LocalRanks final : public RankWatcher {
  public:
+  explicit LocalRanks(int dp_rank) : dp_rank_(dp_rank) {}
   ~LocalRanks() override {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (const auto& [rank, pid] : children_) {
@@ -97,6 +98,10 @@ class LocalRanks final : public RankWatcher {
     std::vector<std::string> args = command_line();
     args.push_back("--tp-rank");
     args.push_back(std::to_string(rank));
+    if (dp_rank_ >= 0) {
+      args.push_back("--tp-dp-rank");
+      args.push_back(std::to_string(dp_rank_));
+    }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -116,6 +121,7 @@ class LocalRanks final : public RankWatcher {
   }
 
  private:
+  const int dp_rank_;  // passed on as --tp-dp-rank (-1: none)
   std::vector<std::pair<int, pid_t>> children_;
   std::map<pid_t, int> reaped_;  // wait status of children already reaped
 };
@@ -159,6 +165,8 @@ void add_tensor_parallel_options(CLI::App* cmd, TensorParallelOptions* o) {
   cmd->add_flag("--enable-expert-parallel", o->expert_parallel,
                 "give each rank whole routed experts (1/N of them) instead of 1/N of every expert");
   cmd->add_option("--tp-rank", o->rank, "(internal) this process's rank, set by the launcher")->group("");
+  cmd->add_option("--tp-dp-rank", o->dp_rank, "(internal) the data-parallel engine of this rank's group")
+      ->group("");
 }
 
 void remember_command_line(int argc, char** argv) {
@@ -194,7 +202,7 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
     if (rank == 0) {
       DS_ASSIGN_OR_RETURN(group.server, dist::TcpStoreServer::start("", o.master_port));
     }
-    children = std::make_unique<LocalRanks>();
+    children = std::make_unique<LocalRanks>(o.dp_rank);
     if (const int node = bind_to_numa_node(0); node >= 0) {
       DS_LOG_INFO("{} ranks on this machine, one per NUMA node of {}", per_node, numa_num_configured_nodes());
     }

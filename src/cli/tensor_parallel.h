@@ -35,6 +35,10 @@ struct TensorParallelOptions {
   int master_port = 29500;
   double timeout_s = 300;
   int rank = -1;  // hidden --tp-rank: set on the processes a launcher started
+  // Hidden --tp-dp-rank: the data-parallel engine whose tensor-parallel group this is
+  // (-1: none). A launcher passes it on to the ranks it starts, so that they join
+  // their engine's group (cli/data_parallel.h: engine_tensor_parallel).
+  int dp_rank = -1;
   // --enable-expert-parallel: DeepSeek's routed experts dealt out whole over the ranks
   // instead of each cut by width (model/deepseek_model.h).
   bool expert_parallel = false;

@@ -1,8 +1,12 @@
 #include "dserve/async_llm.h"
 
 #include <future>
+#include <string>
+#include <system_error>
+#include <thread>
 
 #include "base/log.h"
+#include "engine/dp_lockstep.h"
 #include "engine/llm_engine.h"
 #include "engine/output_text.h"
 #include "tokenizer/tokenizer.h"
@@ -57,10 +61,24 @@ struct AsyncLlm::Command {
 };
 
 Result<std::unique_ptr<AsyncLlm>> AsyncLlm::create(std::unique_ptr<LLM> llm,
-                                                   EngineObserver* observer) {
+                                                   EngineObserver* observer,
+                                                   dist::Communicator* lockstep) {
   if (!llm) return invalid_argument("AsyncLlm needs a loaded LLM");
   std::unique_ptr<AsyncLlm> a(new AsyncLlm(std::move(llm), observer));
-  a->thread_ = std::thread([p = a.get()] { p->run(); });
+  a->lockstep_ = lockstep;
+  try {
+    a->thread_ = std::thread([p = a.get()] {
+      if (p->lockstep_ != nullptr) {
+        p->run_lockstep();
+      } else {
+        p->run();
+      }
+    });
+  } catch (const std::system_error& e) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("cannot create the engine thread (") + e.what() +
+                      "): the process or container limits threads (RLIMIT_NPROC, pids.max)");
+  }
   return a;
 }
 
@@ -270,6 +288,55 @@ void AsyncLlm::publish(std::vector<EngineOutput>& outputs) {
   }
 }
 
+void AsyncLlm::take(std::deque<Command*>& inbox, bool refuse, const char* why) {
+  for (Command* c : inbox) {
+    if (!refuse) {
+      apply(*c);
+    } else if (c->kind == Command::Kind::kAdd) {
+      c->done.set_value(internal_error(why));
+    }
+    delete c;
+  }
+  inbox.clear();
+}
+
+bool AsyncLlm::is_failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+
+void AsyncLlm::fail(const Status& error) {
+  DS_LOG_ERROR("engine step failed: {}", error.message());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = true;
+  }
+  std::vector<RequestId> ids;
+  for (const auto& [id, p] : *pending_) ids.push_back(id);
+  for (RequestId id : ids) finish(id, "error", error.message());
+}
+
+void AsyncLlm::publish_stats() {
+  const EngineStats s = llm_->engine().stats();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = s;
+  }
+  if (observer_) observer_->on_stats(s);
+  cv_.notify_all();  // wait_idle
+}
+
+// Whatever is left ends as aborted, so no reader waits forever.
+void AsyncLlm::abort_remaining() {
+  LlmEngine& engine = llm_->engine();
+  std::vector<RequestId> ids;
+  for (const auto& [id, p] : *pending_) ids.push_back(id);
+  for (RequestId id : ids) {
+    (void)engine.abort_request(id);
+    finish(id, "abort");
+  }
+}
+
 void AsyncLlm::run() {
   LlmEngine& engine = llm_->engine();
   for (;;) {
@@ -279,61 +346,108 @@ void AsyncLlm::run() {
       cv_.wait(lock, [&] {
         return stopping_ || !inbox_.empty() || (!failed_ && engine.has_unfinished_requests());
       });
+      inbox.swap(inbox_);
       if (stopping_) {
-        inbox.swap(inbox_);
         lock.unlock();
-        for (Command* c : inbox) {
-          if (c->kind == Command::Kind::kAdd) c->done.set_value(internal_error("shutting down"));
-          delete c;
-        }
+        take(inbox, true, "shutting down");
         break;
       }
-      inbox.swap(inbox_);
     }
-    const bool failed = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return failed_;
-    }();
-    for (Command* c : inbox) {
-      // After a failed step the engine is left mid-step: it takes no more commands.
-      if (!failed) {
-        apply(*c);
-      } else if (c->kind == Command::Kind::kAdd) {
-        c->done.set_value(internal_error("the engine failed and serves no more requests"));
-      }
-      delete c;
-    }
+    // After a failed step the engine is left mid-step: it takes no more commands.
+    const bool failed = is_failed();
+    take(inbox, failed, "the engine failed and serves no more requests");
     if (!failed && engine.has_unfinished_requests()) {
       Result<std::vector<EngineOutput>> outputs = engine.step();
       if (!outputs.ok()) {
-        DS_LOG_ERROR("engine step failed: {}", outputs.status().message());
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          failed_ = true;
-        }
-        std::vector<RequestId> ids;
-        for (const auto& [id, p] : *pending_) ids.push_back(id);
-        for (RequestId id : ids) finish(id, "error", outputs.status().message());
         // The engine cannot go on (and, mid-step, cannot abort): it is never stepped again.
+        fail(outputs.status());
       } else {
         publish(*outputs);
       }
     }
-    const EngineStats s = engine.stats();
+    publish_stats();
+  }
+  abort_remaining();
+}
+
+// The loop of an engine in an expert-parallel group: one DpLockstep round, then one
+// forward (its own step, or the idle forward when only others have work).
+void AsyncLlm::run_lockstep() {
+  LlmEngine& engine = llm_->engine();
+  DpLockstep lockstep(*lockstep_);
+  bool in_group = true;  // until some engine left (or a collective failed)
+  bool busy = false;     // the last round had work somewhere: no waiting
+  for (;;) {
+    std::deque<Command*> inbox;
+    bool stopping = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_ = s;
+      std::unique_lock<std::mutex> lock(mu_);
+      auto ready = [&] {
+        return stopping_ || !inbox_.empty() || (!failed_ && engine.has_unfinished_requests());
+      };
+      if (!in_group) {
+        cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+      } else if (!busy) {
+        cv_.wait_for(lock, DpLockstep::kIdleTick, ready);
+      }
+      stopping = stopping_;
+      inbox.swap(inbox_);
     }
-    if (observer_) observer_->on_stats(s);
-    cv_.notify_all();  // wait_idle
+    const bool failed = is_failed();
+    const bool had_commands = !inbox.empty();
+    take(inbox, failed || stopping,
+         stopping ? "shutting down" : "the engine failed and serves no more requests");
+    if (!in_group) {
+      if (stopping) break;
+      if (had_commands) publish_stats();
+      continue;
+    }
+    Result<DpLockstep::Round> round =
+        lockstep.agree(!failed && engine.has_unfinished_requests(), stopping, failed);
+    if (!round.ok()) {
+      in_group = false;
+      if (!failed) fail(round.status());
+      if (stopping) break;
+      publish_stats();
+      continue;
+    }
+    if (round->leaver >= 0) {
+      // Nobody issues another collective from here on.
+      in_group = false;
+      const std::string why = "data-parallel engine " + std::to_string(round->leaver) +
+                              " of the expert-parallel group " + (round->leaver_failed ? "failed" : "stopped") +
+                              "; the others cannot step without its experts";
+      if (!failed && !stopping && !round->leaver_failed && pending_->empty()) {
+        // A normal shutdown (nothing of ours was running): not an error, but no more steps.
+        DS_LOG_INFO("{}", why);
+        std::lock_guard<std::mutex> lock(mu_);
+        failed_ = true;
+      } else if (!failed && !stopping) {
+        fail(internal_error(why));
+      }
+      if (stopping) break;
+      publish_stats();
+      continue;
+    }
+    busy = round->any_work;
+    if (busy) {
+      const int64_t before = engine.n_forward_passes();
+      Status s = Status::Ok();
+      if (engine.has_unfinished_requests()) {
+        Result<std::vector<EngineOutput>> outputs = engine.step();
+        if (outputs.ok()) {
+          publish(*outputs);
+        } else {
+          s = outputs.status();
+        }
+      }
+      // Every engine runs exactly one forward per busy round.
+      if (s.ok() && engine.n_forward_passes() == before) s = engine.forward_idle();
+      if (!s.ok()) fail(s);  // the next round tells the others
+    }
+    if (busy || had_commands) publish_stats();
   }
-  // Whatever is left ends as aborted, so no reader waits forever.
-  std::vector<RequestId> ids;
-  for (const auto& [id, p] : *pending_) ids.push_back(id);
-  for (RequestId id : ids) {
-    (void)engine.abort_request(id);
-    finish(id, "abort");
-  }
+  abort_remaining();
 }
 
 }  // namespace dserve

@@ -241,6 +241,14 @@ void DpEngineClient::stop_accepting() {
 }
 
 bool DpEngineClient::healthy() const {
+  if (config_.lockstep) {
+    for (const auto& e : local_)
+      if (!e->healthy()) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& r : remotes_)
+      if (r && !r->alive) return false;
+    return true;
+  }
   for (const auto& e : local_)
     if (e->healthy()) return true;
   std::lock_guard<std::mutex> lock(mu_);

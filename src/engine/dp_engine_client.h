@@ -44,6 +44,9 @@ struct DpEngineClientConfig {
   double startup_timeout_s = 300;  // --distributed-timeout
   // Where a remote engine's observer calls go (its metrics); called once per rank.
   std::function<EngineObserver*(int rank)> observer;
+  // The engines step in lockstep (expert parallelism): one lost engine stops them all,
+  // so healthy() needs every engine, not one.
+  bool lockstep = false;
 };
 
 class DpEngineClient : public EngineClient {

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <optional>
 #include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -157,6 +158,8 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
   bool welcomed = false;
   const auto started = Clock::now();
   auto last_heard = Clock::now();
+  std::optional<Clock::time_point> unhealthy_since;  // lockstep: an engine failed
+  int unhealthy_rank = -1;
   auto next_ping = Clock::now();
   const std::string ping = msg::encode(msg::Ping{});
   while (!stop_.load()) {
@@ -230,7 +233,25 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
       if (d.finish_reason) ticket_rank.erase(it);
       post(msg::Output{rank, std::move(d)});
     }
+    // In lockstep (expert parallelism) an engine that failed stops the whole group:
+    // its requests' errors go out below, then this node exits.
+    // (After a grace period: when the API server shuts down normally its engines leave
+    // the group too, and its shutdown message is on its way.)
+    bool leave_after_send = false;
     const auto now = Clock::now();
+    if (config_.lockstep) {
+      for (size_t i = 0; i < engines.size() && !unhealthy_since; ++i) {
+        if (!engines[i]->healthy()) {
+          unhealthy_since = now;
+          unhealthy_rank = config_.start_rank + static_cast<int>(i);
+        }
+      }
+      if (unhealthy_since && now - *unhealthy_since > std::chrono::milliseconds(1500)) {
+        result = internal_error("data parallel: engine " + std::to_string(unhealthy_rank) +
+                                " of the expert-parallel group failed (see the error above); exiting");
+        leave_after_send = true;
+      }
+    }
     const double silent = std::chrono::duration<double>(now - last_heard).count();
     if (!welcomed && std::chrono::duration<double>(now - started).count() > config_.startup_timeout_s) {
       result = io_error("data parallel: no answer from the API server at " + endpoint +
@@ -261,6 +282,7 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
         DS_LOG_WARN("data parallel: send failed: {}", e.what());
       }
     }
+    if (leave_after_send) break;
   }
   {
     std::lock_guard<std::mutex> lock(add_mu);

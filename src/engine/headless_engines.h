@@ -33,6 +33,9 @@ struct HeadlessConfig {
   int n_engines = 1;         // --data-parallel-size-local
   engine_msg::NodeConfig node;
   double startup_timeout_s = 300;  // --distributed-timeout
+  // The engines step in lockstep (expert parallelism): when one fails, run() returns
+  // its error (the group cannot go on without it).
+  bool lockstep = false;
 };
 
 class HeadlessEngines {

@@ -241,6 +241,7 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
     mb.block_tables = batch_.block_tables;
     mb.block_table_offsets = batch_.block_table_offsets;
     mb.logits_rows = batch_.logits_rows;
+    ++n_forward_passes_;
     DS_RETURN_IF_ERROR(model_.forward_batch(mb, *cache_, &logits_));
     n_computed_tokens_ += mb.n_tokens();
   }

@@ -97,6 +97,11 @@ class LlmEngine {
   Result<std::vector<EngineOutput>> step();
 
   bool has_unfinished_requests() const { return scheduler_->has_unfinished_requests(); }
+  // Forward passes step() has run (a step with nothing to compute runs none).
+  int64_t n_forward_passes() const { return n_forward_passes_; }
+  // The model's part of one forward with no tokens of this engine's own (expert
+  // parallelism's dummy batch, DpLockstep); no request or cache changes.
+  Status forward_idle() { return model_.forward_idle(); }
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
   const sched::Scheduler& scheduler() const { return *scheduler_; }
@@ -143,6 +148,7 @@ class LlmEngine {
   std::vector<float> logits_;
   std::vector<float> sample_logits_;  // the sampling rows alone, when prompt rows are mixed in
   int64_t n_computed_tokens_ = 0;
+  int64_t n_forward_passes_ = 0;
   int64_t n_generated_tokens_ = 0;
 };
 

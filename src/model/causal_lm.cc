@@ -80,10 +80,18 @@ class DeepseekLm final : public ModelLm<DeepseekModel, MlaKvCache, PagedMlaCache
   std::string stats() const override {
     const MoeStats& s = model_->moe_stats();
     if (model_->config().n_routed_experts == 0) return {};
-    return "moe: " + std::to_string(s.routed_slots) + " routed slots, " +
-           std::to_string(s.expert_runs) + " expert runs over " + std::to_string(s.expert_rows) +
-           " rows, " + std::to_string(s.expert_idle) + " idle experts skipped";
+    std::string line = "moe: " + std::to_string(s.routed_slots) + " routed slots, " +
+                       std::to_string(s.expert_runs) + " expert runs over " + std::to_string(s.expert_rows) +
+                       " rows, " + std::to_string(s.expert_idle) + " idle experts skipped";
+    if (const ExpertDispatch* d = model_->expert_dispatch()) {
+      const ExpertDispatchStats& e = d->stats();
+      line += "; expert parallel: " + std::to_string(e.exchanges) + " exchanges, " + std::to_string(e.rows_sent) +
+              " rows sent and " + std::to_string(e.rows_received) + " received from other ranks (" +
+              std::to_string(e.bytes_sent) + " / " + std::to_string(e.bytes_received) + " bytes)";
+    }
+    return line;
   }
+  Status forward_idle() override { return model_->forward_idle(); }
 };
 
 }  // namespace
@@ -111,15 +119,16 @@ Result<ModelInfo> read_model_info(const ModelFiles& files) {
 
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
                                                  Backend& backend, int64_t max_context,
-                                                 dist::Communicator* comm, bool expert_parallel) {
+                                                 dist::Communicator* comm, bool expert_parallel,
+                                                 dist::Communicator* expert_comm) {
   DS_ASSIGN_OR_RETURN(ModelInfo info, read_model_info(*files));
   if (is_deepseek_model(*files)) {
     DS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m,
                         DeepseekModel::load(std::move(files), backend, max_context, MlaPath::kAuto, comm,
-                                            expert_parallel));
+                                            expert_parallel, expert_comm));
     return std::unique_ptr<CausalLm>(new DeepseekLm(std::move(m), std::move(info)));
   }
-  if (expert_parallel && comm != nullptr && comm->size() > 1) {
+  if (expert_comm != nullptr || (expert_parallel && comm != nullptr && comm->size() > 1)) {
     return invalid_argument("--enable-expert-parallel: " + info.architecture + " has no routed experts");
   }
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m,

@@ -70,6 +70,11 @@ class CausalLm {
     return unimplemented(info().architecture + ": no batched forward yet");
   }
 
+  // With expert parallelism over data-parallel engines: this engine's part of one
+  // forward's collectives with no tokens of its own, so that the other engines can
+  // step (vLLM's dummy batch); no cache is touched. Otherwise nothing.
+  virtual Status forward_idle() { return Status::Ok(); }
+
   // Weight bytes one decode step reads (for MoE: the active experts only).
   virtual size_t weight_bytes_per_token() const = 0;
   // One line of architecture-specific counters for logs (MoE expert use); may be empty.
@@ -78,9 +83,12 @@ class CausalLm {
 
 // max_context: the longest sequence forward() will see; 0 means the model's own.
 // comm: the tensor-parallel group this process is one rank of (null: one rank).
+// expert_comm: the expert-parallel group over data-parallel engines (null: none;
+// DeepSeek models only), see DeepseekModel.
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
                                                  Backend& backend, int64_t max_context,
                                                  dist::Communicator* comm = nullptr,
-                                                 bool expert_parallel = false);
+                                                 bool expert_parallel = false,
+                                                 dist::Communicator* expert_comm = nullptr);
 
 }  // namespace dserve

@@ -52,7 +52,8 @@ DeepseekModel::~DeepseekModel() = default;
 Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<ModelFiles> files,
                                                            Backend& backend, int64_t max_context,
                                                            MlaPath path, dist::Communicator* comm,
-                                                           bool expert_parallel) {
+                                                           bool expert_parallel,
+                                                           dist::Communicator* expert_comm) {
   DS_ASSIGN_OR_RETURN(DeepseekConfig config, DeepseekConfig::from_model_files(*files));
   if (max_context < 0) return invalid_argument("context length must not be negative");
   if (max_context == 0) max_context = config.max_position_embeddings;
@@ -66,8 +67,30 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
   }
   model->comm_ = comm;
   model->expert_parallel_ = expert_parallel;
+  if (expert_comm != nullptr) {
+    const DeepseekConfig& c = model->config_;
+    const int n = expert_comm->size();
+    if (comm->size() > 1) {
+      return unimplemented("expert parallelism over data-parallel engines with --tensor-parallel-size > 1 "
+                           "is not built yet");
+    }
+    if (c.n_routed_experts == 0) {
+      return invalid_argument("--enable-expert-parallel: " + c.source + " has no routed experts");
+    }
+    if (c.n_routed_experts % n != 0) {
+      return invalid_argument("--enable-expert-parallel: the expert-parallel group of " + std::to_string(n) +
+                              " ranks (--data-parallel-size x --tensor-parallel-size) does not divide the model's " +
+                              std::to_string(c.n_routed_experts) + " routed experts (they are dealt out whole)");
+    }
+    model->expert_parallel_ = true;
+    model->dispatch_ = std::make_unique<ExpertDispatch>(*expert_comm, static_cast<int>(c.n_routed_experts),
+                                                        c.hidden_size);
+  }
   DS_RETURN_IF_ERROR(model->plan_shards());
   DS_RETURN_IF_ERROR(model->bind_weights());
+  for (const LayerWeights& w : model->layers_) {
+    for (const Mlp& m : w.experts) model->n_experts_held_ += m.gate != nullptr ? 1 : 0;
+  }
   DS_LOG_INFO("{}", model->config_.summary());
   DS_LOG_INFO("weights: {:.1f} MiB for the model as held ({:.1f} MiB on this rank), {:.1f} MiB of "
               "them in memory dserve made at load (the rest mapped from the files)",
@@ -95,6 +118,16 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
       DS_LOG_INFO("expert parallel rank {}/{}: routed experts {}-{} of {}", comm->rank(), comm->size(),
                   model->expert_begin_, model->expert_end_ - 1, c.n_routed_experts);
     }
+  }
+  if (model->dispatch_) {
+    const DeepseekConfig& c = model->config_;
+    int n_moe = 0;
+    for (const LayerWeights& w : model->layers_) n_moe += w.moe ? 1 : 0;
+    DS_LOG_INFO("expert parallel rank {}/{} (over data-parallel engines): routed experts {}-{} of {}; "
+                "holds {} expert weight sets of {} ({} MoE layers); weights {:.1f} of {:.1f} MiB",
+                expert_comm->rank(), expert_comm->size(), model->expert_begin_, model->expert_end_ - 1,
+                c.n_routed_experts, model->n_experts_held_, int64_t{n_moe} * c.n_routed_experts, n_moe,
+                mib(model->rank_weight_bytes_), mib(model->model_weight_bytes_));
   }
   return model;
 }
@@ -126,6 +159,10 @@ Status DeepseekModel::plan_shards() {
   expert_end_ = c.n_routed_experts;
   shared_inter_ = c.moe_intermediate_size * c.n_shared_experts;
   vocab_.init(c.vocab_size, r, n);
+  if (dispatch_) {  // experts dealt out over the engines' group, not this one
+    expert_begin_ = dispatch_->first_expert();
+    expert_end_ = expert_begin_ + dispatch_->n_local_experts();
+  }
   if (n == 1) return Status::Ok();
   const std::string where = "--tensor-parallel-size " + std::to_string(n) + ": ";
   auto divides = [&](int64_t value, const std::string& what) -> Status {
@@ -284,7 +321,7 @@ Status DeepseekModel::bind_experts(int layer, LayerWeights* w) {
         DS_RETURN_IF_ERROR(take_columns(&w->experts[e].down, name, b, b + share));
       }
     }
-    if (comm_->size() > 1) {  // the stacks were counted whole (down: by take_columns unless EP)
+    if (comm_->size() > 1 || dispatch_) {  // the stacks were counted whole (down: by take_columns unless EP)
       rank_weight_bytes_ -= gate->n_bytes + up->n_bytes + (expert_parallel_ ? down->n_bytes : 0);
       for (int64_t e = expert_begin_; e < expert_end_; ++e) {
         const Mlp& m = w->experts[e];
@@ -760,7 +797,7 @@ Status DeepseekModel::run_layers(std::span<const int32_t> tokens, AttendFn&& att
     // --- FFN block: x += mlp(rms_norm(x)) (dense or MoE) ---
     backend_.rms_norm(s.x.data(), *w.ffn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
     if (w.moe) {
-      run_moe(w, n);
+      DS_RETURN_IF_ERROR(run_moe(w, n));
     } else {
       run_mlp(w.dense, c.intermediate_size, s.xb.data(), n, s.moe_out.data());
     }

@@ -42,6 +42,14 @@
 // and computes them for every token routed to them (every rank has every token, so
 // no token moves); the MoE's all-reduce adds the ranks' experts together. Shared
 // experts stay split by width.
+// Expert parallelism across data-parallel engines (an expert-parallel group spanning
+// every engine, `expert_comm`): each engine keeps its own tokens, attention, dense
+// layers and shared experts; the routed experts are dealt out whole over the group's
+// ranks, and each MoE layer sends every (token, expert) slot to the expert's owner
+// and back (ExpertDispatch), weighing and summing each token's slots itself in
+// increasing expert order, as run_moe does on one rank. Every engine of the group
+// must run the same MoE exchanges in the same order: forward_idle() runs them with no
+// tokens of its own (vLLM's dummy batch) when its engine has nothing to do.
 //
 // Thread-safety: forward() uses internal scratch buffers; drive one model from one
 // thread. The weights are shared read-only.
@@ -58,6 +66,7 @@
 #include "dist/communicator.h"
 #include "loader/model_files.h"
 #include "model/deepseek_config.h"
+#include "model/expert_dispatch.h"
 #include "model/llama_model.h"  // LogitsFor
 #include "model/mla_kv_cache.h"
 #include "model/rope.h"
@@ -86,12 +95,15 @@ class DeepseekModel {
   // Takes ownership of the files. The backend must outlive the model. max_context:
   // the longest sequence forward() will see; 0 means max_position_embeddings. comm:
   // the tensor-parallel group this rank belongs to (null: one rank); must outlive the
-  // model.
+  // model. expert_comm (null: none): the expert-parallel group over data-parallel
+  // engines (see the header comment); must outlive the model; only with one
+  // tensor-parallel rank so far.
   static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<ModelFiles> files,
                                                      Backend& backend, int64_t max_context = 0,
                                                      MlaPath path = MlaPath::kAuto,
                                                      dist::Communicator* comm = nullptr,
-                                                     bool expert_parallel = false);
+                                                     bool expert_parallel = false,
+                                                     dist::Communicator* expert_comm = nullptr);
   ~DeepseekModel();
   DeepseekModel(const DeepseekModel&) = delete;
   DeepseekModel& operator=(const DeepseekModel&) = delete;
@@ -122,6 +134,15 @@ class DeepseekModel {
   // through the block tables, then attends in the latent space (absorbed MLA) with
   // paged_attention. Logits [batch.logits_rows.size(), vocab_size].
   Status forward_batch(const ModelBatch& batch, PagedMlaCache& cache, std::vector<float>* logits);
+
+  // With an expert-parallel group: this engine's part of one forward's MoE exchanges,
+  // with no tokens of its own, so that the group's other engines can step. Touches no
+  // cache. Without a group: nothing.
+  Status forward_idle();
+  // The exchanges' counters; null without an expert-parallel group.
+  const ExpertDispatch* expert_dispatch() const { return dispatch_.get(); }
+  // (layer, routed expert) weight sets this rank holds.
+  int64_t n_experts_held() const { return n_experts_held_; }
 
   const MoeStats& moe_stats() const { return moe_stats_; }
   void reset_moe_stats() { moe_stats_ = {}; }
@@ -169,6 +190,7 @@ class DeepseekModel {
     std::vector<float> gate, up;               // [rows, inter]
     std::vector<float> moe_out;                // [n, hidden]
     std::vector<float> expert_in, expert_out;  // [rows, hidden]
+    std::vector<float> slot_out;               // [n * k, hidden] dispatched slots' outputs
     std::vector<float> router;                 // [n, E]
     std::vector<float> rows;                   // [n_out, hidden] rows for logits
     std::vector<int32_t> row_ids;              // [n_out]
@@ -225,7 +247,11 @@ class DeepseekModel {
   // out[rows, hidden] = mlp(in[rows, hidden]).
   void run_mlp(const Mlp& mlp, int64_t inter, const float* in, int64_t rows, float* out);
   // s.xb[n, hidden] -> s.moe_out[n, hidden] (routed + shared experts).
-  void run_moe(const LayerWeights& w, int64_t n);
+  Status run_moe(const LayerWeights& w, int64_t n);
+  // run_moe over the expert-parallel group: the slots travel to their experts' owners.
+  Status run_moe_dispatched(const LayerWeights& w, int64_t n);
+  // This rank's experts over the rows dispatch_ received -> s.expert_out [rows, hidden].
+  void run_received_experts(const LayerWeights& w);
   // Router: for each token, n_experts_per_tok (expert, weight) pairs.
   void route(const LayerWeights& w, int64_t n, std::vector<int32_t>* ids,
              std::vector<float>* weights);
@@ -238,6 +264,8 @@ class DeepseekModel {
   dist::Communicator* comm_ = nullptr;            // never null after load()
   int64_t head_begin_ = 0;                        // this rank's first attention head
   bool expert_parallel_ = false;
+  std::unique_ptr<ExpertDispatch> dispatch_;       // with an expert-parallel group over engines
+  int64_t n_experts_held_ = 0;
   int64_t expert_begin_ = 0, expert_end_ = 0;      // this rank's routed experts
   int64_t shared_inter_ = 0;                       // its width of the shared experts
   VocabParallel vocab_;                           // its slice of embedding and lm_head

@@ -112,7 +112,8 @@ void DeepseekModel::route(const LayerWeights& w, int64_t n, std::vector<int32_t>
 // projection as another, so the backend spreads the layer's weight bytes over its
 // threads in two jobs rather than two per expert. Each expert's output is scattered
 // back scaled by the routing weight, experts in increasing order.
-void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
+Status DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
+  if (dispatch_) return run_moe_dispatched(w, n);
   const DeepseekConfig& c = shard_;  // this rank's FFN widths
   Scratch& s = scratch_;
   const int E = c.n_routed_experts, k = c.n_experts_per_tok;
@@ -211,6 +212,107 @@ void DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
     for (int64_t d = 0; d < hidden; ++d) dst[d] += wt * src[d];
   }
   if (shared) backend_.add_inplace(s.moe_out.data(), s.expert_out.data() + n_slots * hidden, n * hidden);
+  return Status::Ok();
+}
+
+// s.xb [n, hidden] -> s.moe_out [n, hidden] over the expert-parallel group: route
+// here, send each slot's row to its expert's owner, run this rank's experts over
+// whatever rows every engine sent, send the outputs back, and sum each token's slots
+// (weighted here) in increasing expert order, then add the shared experts: the same
+// additions in the same order as run_moe on one rank. n may be 0 (forward_idle).
+Status DeepseekModel::run_moe_dispatched(const LayerWeights& w, int64_t n) {
+  const DeepseekConfig& c = shard_;
+  Scratch& s = scratch_;
+  const int k = c.n_experts_per_tok;
+  const int64_t hidden = c.hidden_size, n_slots = n * k;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  if (n > 0) route(w, n, &ids, &weights);
+  std::vector<int64_t> slot_token(n_slots);
+  for (int64_t i = 0; i < n_slots; ++i) slot_token[i] = i / k;
+  DS_RETURN_IF_ERROR(dispatch_->dispatch(std::span<const float>(s.xb.data(), static_cast<size_t>(n * hidden)),
+                                         slot_token, ids));
+  moe_stats_.routed_slots += n_slots;
+  run_received_experts(w);
+  DS_RETURN_IF_ERROR(dispatch_->combine(
+      std::span<const float>(s.expert_out.data(), static_cast<size_t>(dispatch_->n_received() * hidden)),
+      &s.slot_out));
+
+  std::fill(s.moe_out.begin(), s.moe_out.begin() + n * hidden, 0.0f);
+  std::vector<int> order(k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * k + a] < ids[t * k + b]; });
+    float* dst = &s.moe_out[t * hidden];
+    for (int j : order) {
+      const float wt = weights[t * k + j];
+      const float* src = &s.slot_out[(t * k + j) * hidden];
+      for (int64_t d = 0; d < hidden; ++d) dst[d] += wt * src[d];
+    }
+  }
+  if (c.n_shared_experts > 0 && n > 0) {
+    s.expert_in.resize(n * hidden);
+    run_mlp(w.shared, shared_inter_, s.xb.data(), n, s.expert_in.data());
+    backend_.add_inplace(s.moe_out.data(), s.expert_in.data(), n * hidden);
+  }
+  return Status::Ok();
+}
+
+// dispatch_'s received rows (grouped by this rank's experts) -> s.expert_out: every
+// expert that received rows runs once over them, gate/up as one grouped matmul and
+// down as another (as run_moe).
+void DeepseekModel::run_received_experts(const LayerWeights& w) {
+  const DeepseekConfig& c = shard_;
+  Scratch& s = scratch_;
+  const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
+  const int64_t rows = dispatch_->n_received();
+  const std::span<const int64_t> offsets = dispatch_->expert_offsets();
+  const float* in = dispatch_->received_rows().data();
+  const int e0 = static_cast<int>(expert_begin_), n_local = dispatch_->n_local_experts();
+  s.expert_out.resize(std::max<int64_t>(rows, 1) * hidden);
+  s.gate.resize(std::max<int64_t>(rows, 1) * inter);
+  s.up.resize(std::max<int64_t>(rows, 1) * inter);
+  std::vector<MatmulTarget> gate_up, down;
+  std::vector<MatmulGroup> groups;
+  gate_up.reserve(2 * n_local);
+  down.reserve(n_local);
+  for (int j = 0; j < n_local; ++j) {
+    const int64_t m = offsets[j + 1] - offsets[j];
+    if (m == 0) {
+      ++moe_stats_.expert_idle;
+      continue;
+    }
+    ++moe_stats_.expert_runs;
+    moe_stats_.expert_rows += m;
+    const Mlp& e = w.experts[e0 + j];
+    gate_up.push_back({e.gate, nullptr, s.gate.data() + offsets[j] * inter});
+    gate_up.push_back({e.up, nullptr, s.up.data() + offsets[j] * inter});
+  }
+  if (gate_up.empty()) return;
+  int g = 0;
+  for (int j = 0; j < n_local; ++j) {
+    const int64_t m = offsets[j + 1] - offsets[j];
+    if (m == 0) continue;
+    groups.push_back({in + offsets[j] * hidden, m, &gate_up[2 * g++], 2});
+  }
+  backend_.matmul_grouped(groups.data(), static_cast<int>(groups.size()));
+  backend_.silu_mul(s.gate.data(), s.up.data(), rows * inter, s.gate.data());
+  groups.clear();
+  for (int j = 0; j < n_local; ++j) {
+    const int64_t m = offsets[j + 1] - offsets[j];
+    if (m == 0) continue;
+    down.push_back({w.experts[e0 + j].down, nullptr, s.expert_out.data() + offsets[j] * hidden});
+    groups.push_back({s.gate.data() + offsets[j] * inter, m, &down.back(), 1});
+  }
+  backend_.matmul_grouped(groups.data(), static_cast<int>(groups.size()));
+}
+
+Status DeepseekModel::forward_idle() {
+  if (!dispatch_) return Status::Ok();
+  for (const LayerWeights& w : layers_) {
+    if (w.moe) DS_RETURN_IF_ERROR(run_moe_dispatched(w, 0));
+  }
+  return Status::Ok();
 }
 
 }  // namespace dserve

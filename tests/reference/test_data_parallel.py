@@ -12,8 +12,12 @@ random DeepSeek-V3 with R1's real tokenizer and chat template, F32, TP = 1, with
   headless node exits within seconds); a rank that never arrives (named after
   --distributed-timeout); no process left behind.
 - Bad input: flags that disagree between nodes, overlapping ranks, --headless without
-  --data-parallel-address, --enable-expert-parallel, invalid --additional-config: one
-  clear error each.
+  --data-parallel-address, DP with TP > 1 and expert parallelism, invalid
+  --additional-config: one clear error each. (Expert parallelism across the engines:
+  test_expert_parallel.py.)
+- Engines that are themselves tensor-parallel: the source command lines at DP 2 x TP 2
+  (four processes: each node's engine starts its second rank) serve like one process,
+  and every process ends at shutdown.
 
 The source's --gpu-memory-utilization 0.9 would give the KV cache 90% of this shared
 machine's memory on the CPU backend: the tests give it a fixed --kv-cache-memory
@@ -285,6 +289,57 @@ def test_two_engines_in_one_process(dserve_bin, model_dir, single, single_constr
         assert p.reap()
 
 
+def processes_with(text):
+    """Pids of running processes whose command line contains `text`."""
+    import pathlib
+    pids = []
+    for d in pathlib.Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_engines_of_two_tensor_parallel_ranks(dserve_bin, model_dir, single, tmp_path):
+    """The source command lines at --data-parallel-size 2 --tensor-parallel-size 2: each
+    node's engine is a tensor-parallel group of its own (the node starts its second rank,
+    at --master-port + the engine's data-parallel rank)."""
+    port, rpc, master = free_port(), free_port(), free_port()
+    tp = ["--tensor-parallel-size", 2, "--master-port", master]
+    flags = source_flags(rpc)
+    i = flags.index("--tensor-parallel-size")
+    del flags[i:i + 2]
+    h = Proc([dserve_bin, "serve", model_dir, "--host", "127.0.0.1", "--port", port, *flags, *tp],
+             tmp_path / "head.log")
+    node = Proc([dserve_bin, "serve", model_dir, *flags, *tp, "--headless", "--data-parallel-start-rank", 1],
+                tmp_path / "node1.log")
+    procs = [h, node]
+    try:
+        wait_healthy(h, port)
+        assert len(processes_with(f"--master-port {master}")) == 4
+        got = complete_all(port, PROMPTS)
+        for want, g, p in zip(single, got, PROMPTS):
+            assert g["text"] == want["text"], p
+            worst = max(abs(a - b) for a, b in zip(g["logprobs"], want["logprobs"]))
+            assert worst < 1e-3, f"{p!r}: log-probabilities differ by {worst:.2e}"
+        ok = per_engine(metrics(port), "vllm:request_success", finished_reason="length")
+        assert ok.get("0", 0) > 0 and ok.get("1", 0) > 0, ok
+        for p in procs:
+            log = p.log()
+            assert "tensor parallel rank 0/2" in log and "tensor parallel rank 1/2" in log, log[-2000:]
+        h.proc.send_signal(signal.SIGTERM)
+        assert h.wait(30) == 0, h.log()[-2000:]
+        assert node.wait(15) == 0, node.log()[-2000:]
+        deadline = time.monotonic() + 10
+        while processes_with(f"--master-port {master}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_with(f"--master-port {master}") == [], "a tensor-parallel rank was left running"
+    finally:
+        assert all(p.reap() for p in procs), "a process was left running"
+
+
 def test_killed_headless_node_and_then_the_head(dserve_bin, model_dir, tmp_path):
     import openai
     port, rpc = free_port(), free_port()
@@ -402,8 +457,10 @@ def test_nodes_that_disagree_are_refused(what, flags, start_rank, message, dserv
 
 @pytest.mark.parametrize("args,message", [
     (["--headless", "--data-parallel-size", 2], "--headless needs --data-parallel-address"),
-    (["--data-parallel-size", 2, "--enable-expert-parallel"],
-     "expert parallelism across data-parallel engines"),
+    (["--data-parallel-size", 2, "--tensor-parallel-size", 2, "--enable-expert-parallel"],
+     "expert parallelism over data-parallel engines that are themselves tensor-parallel is not built yet"),
+    (["--data-parallel-size", 2, "--tensor-parallel-size", 2, "--nnodes", 2],
+     "a data-parallel engine's tensor-parallel ranks run on its own node"),
     (["--additional-config", "{not json"], "--additional-config: not a JSON object"),
     (["--data-parallel-size", 2, "--data-parallel-start-rank", 1],
      "--data-parallel-start-rank 1 without --headless"),

@@ -43,8 +43,9 @@ def test_help_lists_every_flag(dserve_bin):
     # Data parallelism itself: test_data_parallel.py.
     (["--data-parallel-size", "2", "--data-parallel-size-local", "1", "--distributed-timeout",
       "1", "--data-parallel-rpc-port", str(server_util.free_port())], "rank(s) 1 never connected"),
-    (["--enable-expert-parallel", "--data-parallel-size", "2"],
-     "expert parallelism across data-parallel engines"),
+    # Expert parallelism across the engines needs routed experts (test_expert_parallel.py).
+    (["--enable-expert-parallel", "--data-parallel-size", "2", "--data-parallel-rpc-port",
+      str(server_util.free_port())], "--enable-expert-parallel: LlamaForCausalLM has no routed experts"),
     (["--enable-expert-parallel", "--tensor-parallel-size", "3", "--master-port",
       str(server_util.free_port())], "--enable-expert-parallel: LlamaForCausalLM has no routed experts"),
     (["--quantization", "awq"], "not built yet"),
