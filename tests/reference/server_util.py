@@ -16,6 +16,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port p with p + 1 free too (data parallelism with expert parallelism listens on
+    --data-parallel-rpc-port and the next port)."""
+    for _ in range(100):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", p + 1))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
 class Server:
     def __init__(self, proc, port, log_path):
         self.proc, self.port, self.log_path = proc, port, log_path
