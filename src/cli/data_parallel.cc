@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "cli/expert_parallel.h"
 
 namespace dserve::cli {
 
@@ -72,24 +73,28 @@ Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size) 
                            "built yet: the API server's node runs at least one engine");
     }
   }
-  if (o->size > 1 && tensor_parallel_size > 1 && o->enable_expert_parallel) {
-    return unimplemented("--data-parallel-size " + std::to_string(o->size) + " with --tensor-parallel-size " +
-                         std::to_string(tensor_parallel_size) +
-                         " and --enable-expert-parallel: expert parallelism over data-parallel engines "
-                         "that are themselves tensor-parallel is not built yet; use "
-                         "--tensor-parallel-size 1, or leave --enable-expert-parallel out (every engine "
-                         "then holds all experts, split over its tensor-parallel ranks)");
+  if (o->size > 1 && tensor_parallel_size > 1 && o->enable_expert_parallel &&
+      expert_group_port(*o) > 65535) {
+    return invalid_argument("--enable-expert-parallel with tensor-parallel engines uses --data-parallel-rpc-port "
+                            "+ 2 for its expert-parallel group: " + std::to_string(o->rpc_port) +
+                            " + 2 is not a port");
   }
   return Status::Ok();
 }
 
-TensorParallelOptions engine_tensor_parallel(const TensorParallelOptions& tp, int dp_rank) {
+TensorParallelOptions engine_tensor_parallel(const TensorParallelOptions& tp, const DataParallelOptions& dp,
+                                             int dp_rank) {
   TensorParallelOptions e = tp;
   e.nnodes = 1;
   e.node_rank = 0;
   e.master_addr = "127.0.0.1";
   e.master_port = tp.master_port + dp_rank;
   e.dp_rank = dp_rank;
+  if (tp.expert_parallel && dp.size > 1) {
+    e.expert_dp_size = dp.size;
+    e.expert_addr = dp.address.empty() ? "127.0.0.1" : dp.address;
+    e.expert_port = expert_group_port(dp);
+  }
   return e;
 }
 

@@ -10,7 +10,8 @@
 // (JSON; vLLM's platform-specific settings, which mean nothing to the CPU backend: each
 // key is logged as ignored). --enable-expert-parallel is a tensor-parallel flag
 // (cli/tensor_parallel.h); with --data-parallel-size > 1 the routed experts are dealt
-// out over every engine and the engines step in lockstep (cli/expert_parallel.h).
+// out over every rank of every engine and the engines step in lockstep
+// (cli/expert_parallel.h).
 //
 // Thread-safety: main thread only.
 #pragma once
@@ -45,8 +46,11 @@ Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size);
 
 // Data-parallel engines that are themselves tensor-parallel: every engine is its own
 // group of --tensor-parallel-size ranks on its node, meeting at 127.0.0.1 on
-// --master-port + its data-parallel rank (so a node's engines do not share a port).
-// The tensor-parallel options of engine `dp_rank`.
-TensorParallelOptions engine_tensor_parallel(const TensorParallelOptions& tp, int dp_rank);
+// --master-port + its data-parallel rank (so a node's engines do not share a port);
+// with --enable-expert-parallel every rank of every engine also joins the
+// expert-parallel group (cli/expert_parallel.h). The tensor-parallel options of
+// engine `dp_rank`.
+TensorParallelOptions engine_tensor_parallel(const TensorParallelOptions& tp, const DataParallelOptions& dp,
+                                             int dp_rank);
 
 }  // namespace dserve::cli

@@ -12,6 +12,7 @@
 namespace dserve::cli {
 
 int expert_parallel_port(const DataParallelOptions& o) { return o.rpc_port + 1; }
+int expert_group_port(const DataParallelOptions& o) { return o.rpc_port + 2; }
 
 Result<std::vector<std::unique_ptr<dist::Communicator>>> connect_expert_parallel(
     const DataParallelOptions& o, const std::string& fingerprint, double timeout_s) {

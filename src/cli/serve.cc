@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -232,7 +235,7 @@ Result<std::vector<std::unique_ptr<dist::Communicator>>> connect_engines(const S
 // the engine is its own tensor-parallel group (engine_tensor_parallel).
 LlmOptions engine_options(const ServeOptions& o, const std::string& model_path, LlmOptions lo, int dp_rank) {
   if (o.tp.size > 1 && o.dp.size > 1) {
-    lo.load_model = [tp = engine_tensor_parallel(o.tp, dp_rank), model_path](
+    lo.load_model = [tp = engine_tensor_parallel(o.tp, o.dp, dp_rank), model_path](
                         std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
       return load_model_on_ranks(tp, std::move(files), backend, context,
                                  "serve model=" + model_path + " ctx=" + std::to_string(context));
@@ -241,18 +244,99 @@ LlmOptions engine_options(const ServeOptions& o, const std::string& model_path, 
   return lo;
 }
 
-// Engine i of this node: its LLM, loaded as its rank of the expert-parallel group
-// when there is one, behind its engine thread.
-Result<std::unique_ptr<AsyncLlm>> start_engine(const std::string& model_path, LlmOptions lo,
-                                               EngineObserver* observer, dist::Communicator* expert_comm) {
-  if (expert_comm != nullptr) {
-    lo.load_model = [expert_comm](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
-      return load_causal_lm(std::move(files), backend, context, nullptr, false, expert_comm);
+// Engine i of this node: its LLM behind its engine thread. lockstep (null: none): its
+// rank in the one-rank-per-engine group; with one tensor-parallel rank per engine
+// also the group its MoE layers exchange tokens through (else every rank of the
+// engine joins the group of all ranks as it loads: engine_options).
+Result<std::unique_ptr<AsyncLlm>> start_engine(const ServeOptions& o, const std::string& model_path, LlmOptions lo,
+                                               EngineObserver* observer, dist::Communicator* lockstep) {
+  if (lockstep != nullptr && o.tp.size == 1) {
+    lo.load_model = [lockstep](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
+      return load_causal_lm(std::move(files), backend, context, nullptr, false, lockstep);
     };
   }
   Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);
   if (!llm.ok()) return llm.status();
-  return AsyncLlm::create(std::move(llm).value(), observer, expert_comm);
+  return AsyncLlm::create(std::move(llm).value(), observer, lockstep);
+}
+
+// The threads that loaded this node's engines concurrently; see start_engines.
+class EngineLoaders {
+ public:
+  EngineLoaders() = default;
+  EngineLoaders(const EngineLoaders&) = delete;
+  EngineLoaders& operator=(const EngineLoaders&) = delete;
+  ~EngineLoaders() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  // Runs load on a new thread that stays until this object goes. Throws
+  // std::system_error when no thread can be made.
+  void start(std::function<void()> load) {
+    threads_.emplace_back([this, load = std::move(load)] {
+      load();
+      std::unique_lock<std::mutex> lock(mu_);
+      ++n_loaded_;
+      loaded_cv_.notify_all();
+      cv_.wait(lock, [this] { return released_; });
+    });
+  }
+  // Waits until every load started has run.
+  void wait_loaded() {
+    std::unique_lock<std::mutex> lock(mu_);
+    loaded_cv_.wait(lock, [&] { return n_loaded_ == static_cast<int>(threads_.size()); });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_, loaded_cv_;
+  bool released_ = false;  // GUARDED_BY(mu_)
+  int n_loaded_ = 0;       // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+// This node's engines (data-parallel ranks start_rank ..), in order. Tensor-parallel
+// engines under expert parallelism load concurrently: each engine's ranks join the
+// group of every rank while loading, which waits for the node's other engines too.
+// Their loading threads then stay (in *loaders, which must outlive the engines): a
+// launcher's rank processes die with the thread that started them (PR_SET_PDEATHSIG).
+Result<std::vector<std::unique_ptr<AsyncLlm>>> start_engines(
+    const ServeOptions& o, const std::string& model_path, const LlmOptions& lo,
+    const std::function<EngineObserver*(int)>& observer, std::vector<std::unique_ptr<dist::Communicator>>& lockstep,
+    EngineLoaders* loaders) {
+  const int n = o.dp.size_local;
+  std::vector<Result<std::unique_ptr<AsyncLlm>>> results;
+  for (int i = 0; i < n; ++i) results.emplace_back(internal_error("not loaded"));
+  auto load = [&](int i) {
+    results[i] = start_engine(o, model_path, engine_options(o, model_path, lo, o.dp.start_rank + i), observer(i),
+                              lockstep.empty() ? nullptr : lockstep[i].get());
+  };
+  if (!lockstep.empty() && o.tp.size > 1 && n > 1) {
+    try {
+      for (int i = 0; i < n; ++i) {
+        loaders->start([&load, i] { load(i); });
+      }
+    } catch (const std::system_error& e) {
+      loaders->wait_loaded();  // they borrow `results`; they fail at the rendezvous's timeout
+      return thread_error("an engine-loading thread", e);
+    }
+    loaders->wait_loaded();
+  } else {
+    for (int i = 0; i < n; ++i) {
+      load(i);
+      if (!results[i].ok()) break;
+    }
+  }
+  std::vector<std::unique_ptr<AsyncLlm>> engines;
+  for (int i = 0; i < n; ++i) {
+    if (!results[i].ok()) return results[i].status();
+    engines.push_back(std::move(results[i]).value());
+  }
+  return engines;
 }
 
 // `--headless`: this node's engines, serving the API server's node over ZeroMQ until
@@ -271,20 +355,16 @@ int run_headless(const ServeOptions& o, const std::string& model_path, const Llm
   hc.startup_timeout_s = o.tp.timeout_s;
   hc.lockstep = !expert_comms->empty();
   HeadlessEngines headless(hc);
-  std::vector<std::unique_ptr<AsyncLlm>> engines;
-  for (int i = 0; i < o.dp.size_local; ++i) {
-    Result<std::unique_ptr<AsyncLlm>> async =
-        start_engine(model_path, engine_options(o, model_path, lo, o.dp.start_rank + i), headless.observer(i),
-                     hc.lockstep ? (*expert_comms)[i].get() : nullptr);
-    if (!async.ok()) return report_error(async.status());
-    engines.push_back(std::move(async).value());
-  }
+  EngineLoaders loaders;  // outlives the engines
+  Result<std::vector<std::unique_ptr<AsyncLlm>>> engines = start_engines(
+      o, model_path, lo, [&headless](int i) { return headless.observer(i); }, *expert_comms, &loaders);
+  if (!engines.ok()) return report_error(engines.status());
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     headless.stop();
   });
-  Status s = headless.run(std::move(engines));
+  Status s = headless.run(std::move(engines).value());
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
   if (!s.ok()) return report_error(s);
@@ -385,14 +465,11 @@ int run_serve(ServeOptions o) {
   if (!expert_comms.ok()) return report_error(expert_comms.status());
   const bool lockstep = !expert_comms->empty();
   server::ServerMetrics metrics(o.served_model_name.front(), o.dp.size);
-  std::vector<std::unique_ptr<AsyncLlm>> local;
-  for (int i = 0; i < o.dp.size_local; ++i) {
-    Result<std::unique_ptr<AsyncLlm>> async =
-        start_engine(model_path, engine_options(o, model_path, lo, i), metrics.engine(i),
-                     lockstep ? (*expert_comms)[i].get() : nullptr);
-    if (!async.ok()) return report_error(async.status());
-    local.push_back(std::move(async).value());
-  }
+  EngineLoaders loaders;  // outlives the engines
+  Result<std::vector<std::unique_ptr<AsyncLlm>>> engines = start_engines(
+      o, model_path, lo, [&metrics](int i) { return metrics.engine(i); }, *expert_comms, &loaders);
+  if (!engines.ok()) return report_error(engines.status());
+  std::vector<std::unique_ptr<AsyncLlm>> local = std::move(engines).value();
   std::unique_ptr<EngineClient> client;
   if (o.dp.size == 1) {
     client = std::move(local.front());

@@ -195,12 +195,28 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
   group.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   group.fingerprint = fingerprint + " tp=" + std::to_string(o.size) + " nnodes=" + std::to_string(o.nnodes) +
                       (o.expert_parallel ? " ep" : "");
+  // The expert-parallel group over every rank of every data-parallel engine.
+  const bool expert_group = o.expert_parallel && o.dp_rank >= 0 && o.expert_dp_size > 1;
+  dist::GroupOptions experts;
+  if (expert_group) {
+    experts.rank = o.dp_rank * o.size + rank;
+    experts.world_size = o.expert_dp_size * o.size;
+    experts.master_addr = o.expert_addr;
+    experts.master_port = o.expert_port;
+    experts.timeout = group.timeout;
+    experts.fingerprint = group.fingerprint + " dp=" + std::to_string(o.expert_dp_size);
+    // Its exchanges are all-to-all: nothing for the shared-memory all-reduce to speed up.
+    experts.shared_memory = false;
+  }
   std::unique_ptr<LocalRanks> children;
   if (launcher) {
     // Rank 0 takes the port before any other rank starts: a port in use is one error
     // here, with nothing left running.
     if (rank == 0) {
       DS_ASSIGN_OR_RETURN(group.server, dist::TcpStoreServer::start("", o.master_port));
+    }
+    if (expert_group && experts.rank == 0) {
+      DS_ASSIGN_OR_RETURN(experts.server, dist::TcpStoreServer::start("", o.expert_port));
     }
     children = std::make_unique<LocalRanks>(o.dp_rank);
     if (const int node = bind_to_numa_node(0); node >= 0) {
@@ -216,17 +232,30 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
   // Calls and time per collective, for the share of a run spent communicating (logged
   // with the model's stats at --log-level info).
   *comm = std::make_unique<dist::CountingCommunicator>(std::move(*comm));
-  Result<std::unique_ptr<CausalLm>> local =
-      load_causal_lm(std::move(files), backend, context, comm->get(), o.expert_parallel);
+  // Every rank joins after its own engine's group is whole, so a rank of another engine
+  // that never arrives is named by this group's rendezvous, not the engine's.
+  std::unique_ptr<dist::Communicator> expert_comm;
+  if (expert_group) {
+    Result<std::unique_ptr<dist::Communicator>> e = dist::connect_gloo(std::move(experts));
+    if (!e.ok()) {
+      Status s = e.status().with_context("expert-parallel group of every engine's ranks");
+      if (rank != 0) end_worker(rank, s);
+      return s;
+    }
+    expert_comm = std::move(e).value();
+  }
+  Result<std::unique_ptr<CausalLm>> local = load_causal_lm(std::move(files), backend, context, comm->get(),
+                                                           o.expert_parallel, expert_comm.get());
   if (rank != 0) {
     if (!local.ok()) end_worker(rank, local.status());
     Status s = run_tp_worker(**local, **comm);
     local->reset();
+    expert_comm.reset();
     children.reset();
     end_worker(rank, s);
   }
   if (!local.ok()) return local.status();
-  return make_tp_driver(std::move(*local), std::move(*comm), std::move(children));
+  return make_tp_driver(std::move(*local), std::move(*comm), std::move(children), std::move(expert_comm));
 }
 
 }  // namespace dserve::cli

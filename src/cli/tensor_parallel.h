@@ -42,6 +42,13 @@ struct TensorParallelOptions {
   // --enable-expert-parallel: DeepSeek's routed experts dealt out whole over the ranks
   // instead of each cut by width (model/deepseek_model.h).
   bool expert_parallel = false;
+  // With expert_parallel over data-parallel engines (dp_rank >= 0 and
+  // expert_dp_size > 1): every rank also joins the expert-parallel group of all
+  // expert_dp_size x size ranks, as rank dp_rank * size + its rank, meeting at
+  // expert_addr:expert_port (cli/expert_parallel.h: engine_expert_group).
+  int expert_dp_size = 1;
+  std::string expert_addr;
+  int expert_port = 0;
 };
 
 void add_tensor_parallel_options(CLI::App* cmd, TensorParallelOptions* o);

@@ -70,9 +70,12 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
   if (expert_comm != nullptr) {
     const DeepseekConfig& c = model->config_;
     const int n = expert_comm->size();
-    if (comm->size() > 1) {
-      return unimplemented("expert parallelism over data-parallel engines with --tensor-parallel-size > 1 "
-                           "is not built yet");
+    // The group spans every tensor-parallel rank of every engine, engine d's rank t
+    // at d * T + t (cli/tensor_parallel.h): run_moe_dispatched relies on it.
+    if (n % comm->size() != 0 || expert_comm->rank() % comm->size() != comm->rank()) {
+      return invalid_argument("expert-parallel rank " + std::to_string(expert_comm->rank()) + " of " +
+                              std::to_string(n) + " is not tensor-parallel rank " + std::to_string(comm->rank()) +
+                              " of an engine of " + std::to_string(comm->size()) + " ranks");
     }
     if (c.n_routed_experts == 0) {
       return invalid_argument("--enable-expert-parallel: " + c.source + " has no routed experts");
@@ -114,7 +117,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
                 mib(model->rank_weight_bytes_), mib(model->model_weight_bytes_),
                 mib(model->shards_.copied_bytes()), sh.n_heads, c.n_heads, sh.intermediate_size,
                 c.intermediate_size, sh.moe_intermediate_size, c.moe_intermediate_size);
-    if (model->expert_parallel_) {
+    if (model->expert_parallel_ && !model->dispatch_) {
       DS_LOG_INFO("expert parallel rank {}/{}: routed experts {}-{} of {}", comm->rank(), comm->size(),
                   model->expert_begin_, model->expert_end_ - 1, c.n_routed_experts);
     }
@@ -177,8 +180,10 @@ Status DeepseekModel::plan_shards() {
       return invalid_argument("--enable-expert-parallel: " + c.source + " has no routed experts");
     }
     DS_RETURN_IF_ERROR(divides(c.n_routed_experts, "routed experts (expert parallelism deals them out whole)"));
-    expert_begin_ = int64_t{r} * c.n_routed_experts / n;
-    expert_end_ = expert_begin_ + c.n_routed_experts / n;
+    if (!dispatch_) {  // else: dealt out over the group of every engine's ranks, above
+      expert_begin_ = int64_t{r} * c.n_routed_experts / n;
+      expert_end_ = expert_begin_ + c.n_routed_experts / n;
+    }
   }
   shard_.n_heads = c.n_heads / n;
   shard_.intermediate_size = c.intermediate_size / n;

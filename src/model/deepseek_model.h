@@ -50,6 +50,13 @@
 // increasing expert order, as run_moe does on one rank. Every engine of the group
 // must run the same MoE exchanges in the same order: forward_idle() runs them with no
 // tokens of its own (vLLM's dummy batch) when its engine has nothing to do.
+// Engines that are themselves tensor-parallel (T ranks each): the group holds every
+// rank of every engine (engine d's rank t is d T + t) and the experts are dealt out
+// over all of them. An engine's T ranks hold the same tokens (x is whole after each
+// all-reduce); rank t sends only the slots whose expert lives on a rank t of some
+// engine, so every slot travels once, and sums those slots' outputs with its width
+// share of the shared experts: the MoE's tensor-parallel all-reduce adds the ranks'
+// sums, as in the tensor-parallel-only case above.
 //
 // Thread-safety: forward() uses internal scratch buffers; drive one model from one
 // thread. The weights are shared read-only.
@@ -96,8 +103,9 @@ class DeepseekModel {
   // the longest sequence forward() will see; 0 means max_position_embeddings. comm:
   // the tensor-parallel group this rank belongs to (null: one rank); must outlive the
   // model. expert_comm (null: none): the expert-parallel group over data-parallel
-  // engines (see the header comment); must outlive the model; only with one
-  // tensor-parallel rank so far.
+  // engines (see the header comment); must outlive the model. With comm of T > 1
+  // ranks it spans every rank of every engine: this rank is expert_comm rank d T + t
+  // for engine d's tensor-parallel rank t.
   static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<ModelFiles> files,
                                                      Backend& backend, int64_t max_context = 0,
                                                      MlaPath path = MlaPath::kAuto,
@@ -190,7 +198,7 @@ class DeepseekModel {
     std::vector<float> gate, up;               // [rows, inter]
     std::vector<float> moe_out;                // [n, hidden]
     std::vector<float> expert_in, expert_out;  // [rows, hidden]
-    std::vector<float> slot_out;               // [n * k, hidden] dispatched slots' outputs
+    std::vector<float> slot_out;               // [n_slots, hidden] this rank's dispatched slots' outputs
     std::vector<float> router;                 // [n, E]
     std::vector<float> rows;                   // [n_out, hidden] rows for logits
     std::vector<int32_t> row_ids;              // [n_out]

@@ -220,35 +220,53 @@ Status DeepseekModel::run_moe(const LayerWeights& w, int64_t n) {
 // whatever rows every engine sent, send the outputs back, and sum each token's slots
 // (weighted here) in increasing expert order, then add the shared experts: the same
 // additions in the same order as run_moe on one rank. n may be 0 (forward_idle).
+// With T > 1 tensor-parallel ranks per engine, this rank t takes only the slots whose
+// expert's owner is a rank t (owner % T == t; the group numbers engine d's ranks
+// d T .. d T + T - 1), and the shared experts' width share: the all-reduce after the
+// MoE adds the T ranks' partial sums.
 Status DeepseekModel::run_moe_dispatched(const LayerWeights& w, int64_t n) {
   const DeepseekConfig& c = shard_;
   Scratch& s = scratch_;
   const int k = c.n_experts_per_tok;
-  const int64_t hidden = c.hidden_size, n_slots = n * k;
+  const int64_t hidden = c.hidden_size;
+  const int n_tp = comm_->size(), tp = comm_->rank();
+  const ExpertPlacement& place = dispatch_->placement();
   std::vector<int32_t> ids;
   std::vector<float> weights;
   if (n > 0) route(w, n, &ids, &weights);
-  std::vector<int64_t> slot_token(n_slots);
-  for (int64_t i = 0; i < n_slots; ++i) slot_token[i] = i / k;
+  // This rank's slots, token by token, each token's in increasing expert order.
+  std::vector<int64_t> slot_token;
+  std::vector<int32_t> slot_expert;
+  std::vector<float> slot_weight;
+  slot_token.reserve(n * k);
+  slot_expert.reserve(n * k);
+  slot_weight.reserve(n * k);
+  std::vector<int> order(k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * k + a] < ids[t * k + b]; });
+    for (int j : order) {
+      const int32_t e = ids[t * k + j];
+      if (place.owner(e) % n_tp != tp) continue;  // another of this engine's ranks sends it
+      slot_token.push_back(t);
+      slot_expert.push_back(e);
+      slot_weight.push_back(weights[t * k + j]);
+    }
+  }
   DS_RETURN_IF_ERROR(dispatch_->dispatch(std::span<const float>(s.xb.data(), static_cast<size_t>(n * hidden)),
-                                         slot_token, ids));
-  moe_stats_.routed_slots += n_slots;
+                                         slot_token, slot_expert));
+  moe_stats_.routed_slots += static_cast<int64_t>(slot_token.size());
   run_received_experts(w);
   DS_RETURN_IF_ERROR(dispatch_->combine(
       std::span<const float>(s.expert_out.data(), static_cast<size_t>(dispatch_->n_received() * hidden)),
       &s.slot_out));
 
   std::fill(s.moe_out.begin(), s.moe_out.begin() + n * hidden, 0.0f);
-  std::vector<int> order(k);
-  for (int64_t t = 0; t < n; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * k + a] < ids[t * k + b]; });
-    float* dst = &s.moe_out[t * hidden];
-    for (int j : order) {
-      const float wt = weights[t * k + j];
-      const float* src = &s.slot_out[(t * k + j) * hidden];
-      for (int64_t d = 0; d < hidden; ++d) dst[d] += wt * src[d];
-    }
+  for (size_t i = 0; i < slot_token.size(); ++i) {
+    const float wt = slot_weight[i];
+    float* dst = &s.moe_out[slot_token[i] * hidden];
+    const float* src = &s.slot_out[i * hidden];
+    for (int64_t d = 0; d < hidden; ++d) dst[d] += wt * src[d];
   }
   if (c.n_shared_experts > 0 && n > 0) {
     s.expert_in.resize(n * hidden);

@@ -20,6 +20,7 @@ enum class Op : int32_t {
   kCopyBlock,     // id, a = src, b = dst, c = n_tokens
   kForwardBatch,  // id, payload: tokens, positions, seq_of_token, block_tables, logits_rows (int32);
                   //     then block_table_offsets (int64)
+  kForwardIdle,   // (no arguments) this engine's part of the expert-parallel exchanges, no tokens
 };
 
 // One call as broadcast from rank 0: a fixed header, then `payload_bytes` of arrays.
@@ -110,13 +111,17 @@ class TpPagedCache final : public PagedCache {
 class TpDriver final : public CausalLm {
  public:
   TpDriver(std::unique_ptr<CausalLm> local, std::unique_ptr<dist::Communicator> comm,
-           std::unique_ptr<RankWatcher> watcher)
-      : comm_(std::move(comm)), watcher_(std::move(watcher)), local_(std::move(local)) {}
+           std::unique_ptr<RankWatcher> watcher, std::unique_ptr<dist::Communicator> expert_comm)
+      : comm_(std::move(comm)),
+        watcher_(std::move(watcher)),
+        expert_comm_(std::move(expert_comm)),
+        local_(std::move(local)) {}
   ~TpDriver() override {
     CallHeader h;
     h.op = static_cast<int32_t>(Op::kShutdown);
     (void)send(h, nullptr);
     local_.reset();
+    expert_comm_.reset();
     // Closing our connections ends any worker that missed the shutdown (the group
     // broke), so waiting for the worker processes below cannot hang.
     comm_.reset();
@@ -173,6 +178,12 @@ class TpDriver final : public CausalLm {
     DS_RETURN_IF_ERROR(send(h, &p));
     return named(local_->forward_batch(batch, c.local(), logits));
   }
+  Status forward_idle() override {
+    CallHeader h;
+    h.op = static_cast<int32_t>(Op::kForwardIdle);
+    DS_RETURN_IF_ERROR(send(h, nullptr));
+    return named(local_->forward_idle());
+  }
   size_t weight_bytes_per_token() const override { return local_->weight_bytes_per_token(); }
   std::string stats() const override {
     std::string s = local_->stats();
@@ -209,9 +220,11 @@ class TpDriver final : public CausalLm {
   }
 
  private:
-  // The destructor releases these in the order: model, communicator, watcher.
+  // The destructor releases these in the order: model, expert group, communicator,
+  // watcher.
   std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<RankWatcher> watcher_;
+  std::unique_ptr<dist::Communicator> expert_comm_;  // borrowed by local_
   std::unique_ptr<CausalLm> local_;
   int next_id_ = 1;
   Status broken_;
@@ -231,8 +244,9 @@ void TpPagedCache::copy_block(int src, int dst, int n_tokens) {
 }  // namespace
 
 std::unique_ptr<CausalLm> make_tp_driver(std::unique_ptr<CausalLm> local, std::unique_ptr<dist::Communicator> comm,
-                                         std::unique_ptr<RankWatcher> watcher) {
-  return std::make_unique<TpDriver>(std::move(local), std::move(comm), std::move(watcher));
+                                         std::unique_ptr<RankWatcher> watcher,
+                                         std::unique_ptr<dist::Communicator> expert_comm) {
+  return std::make_unique<TpDriver>(std::move(local), std::move(comm), std::move(watcher), std::move(expert_comm));
 }
 
 // A call that rank 0 itself rejects (a bad token id, say) fails here the same way,
@@ -309,6 +323,9 @@ Status run_tp_worker(CausalLm& local, dist::Communicator& comm) {
         DS_RETURN_IF_ERROR(survivable(local.forward_batch(batch, *it->second, &logits)));
         break;
       }
+      case Op::kForwardIdle:
+        DS_RETURN_IF_ERROR(survivable(local.forward_idle()));
+        break;
       default:
         return internal_error("rank " + std::to_string(comm.rank()) + ": unknown call " + std::to_string(h.op) +
                               " from rank 0");

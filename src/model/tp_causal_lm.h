@@ -32,10 +32,13 @@ class RankWatcher {
 };
 
 // local: rank 0's own shard, loaded with *comm. The watcher (may be null) is destroyed
-// after the workers were told to shut down and before the communicator.
+// after the workers were told to shut down and before the communicator. expert_comm
+// (may be null): the expert-parallel group local was loaded with, kept until local is
+// gone.
 std::unique_ptr<CausalLm> make_tp_driver(std::unique_ptr<CausalLm> local,
                                          std::unique_ptr<dist::Communicator> comm,
-                                         std::unique_ptr<RankWatcher> watcher = nullptr);
+                                         std::unique_ptr<RankWatcher> watcher = nullptr,
+                                         std::unique_ptr<dist::Communicator> expert_comm = nullptr);
 
 // A worker rank's loop. OK when rank 0 shut the group down; an error (naming the rank
 // and the failed collective) when a rank died or a call failed.

@@ -12,8 +12,7 @@ random DeepSeek-V3 with R1's real tokenizer and chat template, F32, TP = 1, with
   headless node exits within seconds); a rank that never arrives (named after
   --distributed-timeout); no process left behind.
 - Bad input: flags that disagree between nodes, overlapping ranks, --headless without
-  --data-parallel-address, DP with TP > 1 and expert parallelism, invalid
-  --additional-config: one clear error each. (Expert parallelism across the engines:
+  --data-parallel-address, invalid --additional-config: one clear error each. (Expert parallelism across the engines:
   test_expert_parallel.py.)
 - Engines that are themselves tensor-parallel: the source command lines at DP 2 x TP 2
   (four processes: each node's engine starts its second rank) serve like one process,
@@ -457,8 +456,6 @@ def test_nodes_that_disagree_are_refused(what, flags, start_rank, message, dserv
 
 @pytest.mark.parametrize("args,message", [
     (["--headless", "--data-parallel-size", 2], "--headless needs --data-parallel-address"),
-    (["--data-parallel-size", 2, "--tensor-parallel-size", 2, "--enable-expert-parallel"],
-     "expert parallelism over data-parallel engines that are themselves tensor-parallel is not built yet"),
     (["--data-parallel-size", 2, "--tensor-parallel-size", 2, "--nnodes", 2],
      "a data-parallel engine's tensor-parallel ranks run on its own node"),
     (["--additional-config", "{not json"], "--additional-config: not a JSON object"),
