@@ -15,6 +15,10 @@ DeepSeek-V2 (softmax routing, two shared experts) with both engines in one proce
 - The headless node killed mid-stream: the streams end with an error, /health turns
   503 and the API server exits with a message; the API server killed: the headless node
   exits within seconds. No process left behind.
+- Engines that are themselves tensor-parallel (the source's DP 2 x TP 8 at DP 2 x TP 2,
+  four processes on two nodes): the experts dealt over all four ranks, outputs equal the
+  single-process server's, an idle engine does not stall the other, either node killed
+  ends the other with no rank left running.
 """
 import concurrent.futures
 import json
@@ -70,20 +74,22 @@ def v2():
     return _v2_fixture()
 
 
-def held_experts(log, model_dir):
-    """{rank: (first, last)} from the engines' load lines; each must hold exactly its
-    share of every MoE layer's routed experts as the checkpoint's config.json counts them."""
+def held_experts(log, model_dir, size=2):
+    """{rank: (first, last)} from the ranks' load lines; each of the `size` ranks must hold
+    exactly its share of every MoE layer's routed experts as the checkpoint's config.json
+    counts them."""
     config = json.loads((model_dir / "config.json").read_text())
     n_experts = config["n_routed_experts"]
     n_moe = config["num_hidden_layers"] - config["first_k_dense_replace"]
     got = {}
     for m in re.finditer(r"expert parallel rank (\d+)/(\d+) \(over data-parallel engines\): routed experts "
                          r"(\d+)-(\d+) of (\d+); holds (\d+) expert weight sets of (\d+)", log):
-        rank, size, first, last, total, held, of = map(int, m.groups())
-        assert (size, total, of) == (2, n_experts, n_moe * n_experts), m.group(0)
+        rank, _, first, last, total, held, of = map(int, m.groups())
+        assert (int(m.group(2)), total, of) == (size, n_experts, n_moe * n_experts), m.group(0)
         assert held == n_moe * (last - first + 1) == n_moe * n_experts // size, m.group(0)
+        assert rank not in got, f"rank {rank} loaded twice"
         got[rank] = (first, last)
-    assert sorted(got) == [0, 1], log[-3000:]
+    assert sorted(got) == list(range(size)), log[-3000:]
     covered = sorted(e for first, last in got.values() for e in range(first, last + 1))
     assert covered == list(range(n_experts))
     return got
@@ -334,3 +340,120 @@ def test_node_without_expert_parallel_is_named(dserve_bin, r1, tmp_path):
     finally:
         h.reap()
         node.reap()
+
+
+def free_port_run(n):
+    """A port p with p + 1 .. p + n - 1 free too: with tensor-parallel engines the
+    expert-parallel groups meet at --data-parallel-rpc-port + 1 and + 2."""
+    import socket
+    for _ in range(100):
+        p = dp.free_port()
+        try:
+            for q in range(p + 1, p + n):
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", q))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def test_tensor_parallel_engines(dserve_bin, r1, r1_single, tmp_path):
+    """The source document's full command lines (DP 2 x TP 8 with --enable-expert-parallel)
+    at DP 2 x TP 2: two nodes, four processes. The 16 routed experts are dealt over all
+    four ranks (4 each, every one held once); outputs equal the single-process server's;
+    one engine decoding while the other has nothing is not stalled; the headless node
+    killed mid-stream ends the API server, the API server's node killed ends the headless
+    one, and no rank of either node is left."""
+    import openai
+    model_dir, ref = r1
+    want_texts, want_ids = r1_single
+    def start(name):
+        port, rpc, master = dp.free_port(), free_port_run(3), dp.free_port()
+        flags = dp.source_flags(rpc)
+        i = flags.index("--tensor-parallel-size")
+        del flags[i:i + 2]
+        flags += ["--tensor-parallel-size", 2, "--master-port", master, *EP]
+        h = dp.Proc([dserve_bin, "serve", model_dir, "--host", "127.0.0.1", "--port", port, *flags],
+                    tmp_path / f"head{name}.log")
+        node = dp.Proc([dserve_bin, "serve", model_dir, *flags, "--headless", "--data-parallel-start-rank", 1],
+                       tmp_path / f"node1{name}.log")
+        return port, master, h, node
+
+    port, master, h, node = start("")
+    procs = [h, node]
+    try:
+        dp.wait_healthy(h, port)
+        assert len(dp.processes_with(f"--master-port {master}")) == 4
+        held_experts(h.log() + node.log(), model_dir, size=4)
+
+        got = dp.complete_all(port, dp.PROMPTS)
+        assert_same(got, want_texts, "DP 2 x TP 2 with expert parallelism")
+        ids = complete_ids(port, ref["prompt"], ds.GEN_LEN)
+        assert ids["text"] == want_ids["text"] == ref["native"]["greedy_text"]
+        worst = max(abs(a - b) for a, b in zip(ids["logprobs"], want_ids["logprobs"]))
+        assert worst < 1e-3, f"log-probabilities differ by {worst:.2e}"
+        ok = dp.per_engine(dp.metrics(port), "vllm:request_success", finished_reason="length")
+        assert ok.get("0", 0) > 0 and ok.get("1", 0) > 0, f"requests per engine: {ok}"
+
+        # One engine decodes a long request while the other has nothing (its ranks run
+        # idle forwards); a request sent meanwhile goes to the idle one and is served.
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        model = client.models.list().data[0].id
+        first_chunk = concurrent.futures.Future()
+
+        def long_stream():
+            try:
+                for n, chunk in enumerate(client.completions.create(
+                        model=model, prompt=dp.PROMPTS[0], max_tokens=230, temperature=0, stream=True,
+                        extra_body={"ignore_eos": True})):
+                    if n == 0:
+                        first_chunk.set_result(True)
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        return chunk.choices[0].finish_reason
+                return "no finish reason"
+            except openai.APIError as e:
+                return f"error: {e}"
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            long = pool.submit(long_stream)
+            first_chunk.result(timeout=60)
+            short = client.completions.create(model=model, prompt=dp.PROMPTS[1], max_tokens=8, temperature=0)
+            assert short.choices[0].finish_reason == "length"
+            assert not long.done(), "the long request ended before the short one was served"
+            families = dp.metrics(port)
+            after = dp.per_engine(families, "vllm:request_success", finished_reason="length")
+            served = [e for e in after if after[e] != ok.get(e, 0)]
+            running = dp.per_engine(families, "vllm:num_requests_running")
+            assert len(served) == 1 and running.get(served[0]) == 0, (after, ok, running)
+            assert sum(running.values()) == 1, running  # the long one, on the other engine
+
+            # The headless node dies mid-stream: the API server cannot step without its
+            # experts, so the stream ends with an error and the API server exits.
+            node.proc.kill()
+            assert long.result(timeout=30).startswith("error"), long.result()
+        assert h.wait(20) != 0
+        assert "the engine failed" in h.log()
+        deadline = time.monotonic() + 10
+        while dp.processes_with(f"--master-port {master}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert dp.processes_with(f"--master-port {master}") == [], "a tensor-parallel rank was left running"
+    finally:
+        for p in procs:
+            p.reap()
+
+    # The API server's node killed: the headless node's engine fails its next lockstep
+    # round and the node exits within seconds, its second rank with it.
+    port, master, h, node = start("-again")
+    try:
+        dp.wait_healthy(h, port)
+        h.proc.kill()
+        t0 = time.monotonic()
+        assert node.wait(15) != 0
+        assert time.monotonic() - t0 < 10
+        deadline = time.monotonic() + 10
+        while dp.processes_with(f"--master-port {master}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert dp.processes_with(f"--master-port {master}") == [], "a tensor-parallel rank was left running"
+    finally:
+        assert node.reap()
+        h.reap()
