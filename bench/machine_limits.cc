@@ -5,11 +5,14 @@
 //
 //   build/bench/machine_limits [--threads N] [--mib 1024]
 // prints one line: threads=N dram_read_GBps=.. int8_peak_GMACps=.. int8_insn=..
+//   f32_peak_GMACps=.. f32_insn=..
 //
 // The int8 peak is the rate of the widest integer dot-product instruction this CPU
 // has, on independent accumulators (no loads, no dependencies): AVX-512 VNNI
 // vpdpbusd (64 MACs per instruction), else AVX2 vpmaddubsw with int16 adds (32 MACs;
 // the Q4 kernels' inner step), else NEON sdot (16 MACs), else none measured.
+// The f32 peak is the same for fused multiply-adds (AVX-512 16 MACs, AVX2 FMA 8,
+// NEON fmla 4): the BF16 and FP8 weights' kernels widen to f32 and run on it.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -120,9 +123,54 @@ __attribute__((target("avx2"))) int64_t peak_avx2() {
   for (auto& x : acc) s += _mm256_extract_epi16(x, 0);
   return s;
 }
+
+__attribute__((target("avx512f"))) int64_t peak_fma512() {
+  __m512 acc[10];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512 a = _mm512_set1_ps(1e-7f), b = _mm512_set1_ps(0.5f);
+  for (int64_t i = 0; i < kPeakIters; ++i) {
+    for (auto& x : acc) {
+      x = _mm512_fmadd_ps(a, b, x);
+      __asm__ volatile("" : "+v"(x));
+    }
+  }
+  float s = 0;
+  for (auto& x : acc) s += _mm512_cvtss_f32(x);
+  return static_cast<int64_t>(s);
+}
+
+__attribute__((target("avx2,fma"))) int64_t peak_fma256() {
+  __m256 acc[10];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const __m256 a = _mm256_set1_ps(1e-7f), b = _mm256_set1_ps(0.5f);
+  for (int64_t i = 0; i < kPeakIters; ++i) {
+    for (auto& x : acc) {
+      x = _mm256_fmadd_ps(a, b, x);
+      __asm__ volatile("" : "+x"(x));
+    }
+  }
+  float s = 0;
+  for (auto& x : acc) s += _mm256_cvtss_f32(x);
+  return static_cast<int64_t>(s);
+}
 #endif
 
 #if defined(__aarch64__)
+int64_t peak_fmla() {
+  float32x4_t acc[10];
+  for (auto& a : acc) a = vdupq_n_f32(0);
+  const float32x4_t a = vdupq_n_f32(1e-7f), b = vdupq_n_f32(0.5f);
+  for (int64_t i = 0; i < kPeakIters; ++i) {
+    for (auto& x : acc) {
+      x = vfmaq_f32(x, a, b);
+      __asm__ volatile("" : "+w"(x));
+    }
+  }
+  float s = 0;
+  for (auto& x : acc) s += vgetq_lane_f32(x, 0);
+  return static_cast<int64_t>(s);
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) int64_t peak_sdot() {
   int32x4_t acc[10];
   for (auto& a : acc) a = vdupq_n_s32(0);
@@ -159,6 +207,32 @@ Peak int8_peak_kernel() {
   return {};
 }
 
+Peak f32_peak_kernel() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {"vfmadd-zmm", 16, peak_fma512};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return {"vfmadd-ymm", 8, peak_fma256};
+  }
+#endif
+#if defined(__aarch64__)
+  return {"fmla-q", 4, peak_fmla};
+#endif
+  return {};
+}
+
+// Multiply-accumulates per second of `peak` on n threads (best of 3), 0 without one.
+double peak_gmacs(const Peak& peak, int n_threads) {
+  if (peak.fn == nullptr) return 0;
+  std::atomic<int64_t> sink{0};
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    best = std::min(best, run_threads(n_threads, [&](int) { sink.fetch_add(peak.fn()); }));
+  }
+  if (sink.load() == 42) std::puts("");
+  return static_cast<double>(kPeakIters) * 10 * peak.macs_per_insn * n_threads / best / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,18 +250,10 @@ int main(int argc, char** argv) {
     }
   }
   const double gbps = dram_read_gbps(n_threads, mib << 20);
-  const Peak peak = int8_peak_kernel();
-  double gmacs = 0;
-  if (peak.fn != nullptr) {
-    std::atomic<int64_t> sink{0};
-    double best = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      best = std::min(best, run_threads(n_threads, [&](int) { sink.fetch_add(peak.fn()); }));
-    }
-    gmacs = static_cast<double>(kPeakIters) * 10 * peak.macs_per_insn * n_threads / best / 1e9;
-    if (sink.load() == 42) std::puts("");
-  }
-  std::printf("threads=%d dram_read_GBps=%.1f int8_peak_GMACps=%.1f int8_insn=%s\n", n_threads, gbps,
-              gmacs, peak.insn);
+  const Peak i8 = int8_peak_kernel(), f32 = f32_peak_kernel();
+  const double i8_gmacs = peak_gmacs(i8, n_threads), f32_gmacs = peak_gmacs(f32, n_threads);
+  std::printf("threads=%d dram_read_GBps=%.1f int8_peak_GMACps=%.1f int8_insn=%s "
+              "f32_peak_GMACps=%.1f f32_insn=%s\n",
+              n_threads, gbps, i8_gmacs, i8.insn, f32_gmacs, f32.insn);
   return 0;
 }
