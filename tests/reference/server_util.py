@@ -1,6 +1,7 @@
 """Starting and stopping `dserve serve` for tests (used by the server and bench tests)."""
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -10,24 +11,61 @@ import urllib.request
 DEFAULT_MODEL = None  # set by the tests' fixtures to the default model's path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out by itself (bind to port 0, a client's source port)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+# Every port this process has handed out: a later run never overlaps an earlier one, so
+# the HTTP, rpc and master ports a test takes one after another stay apart even before
+# any of them is bound.
+_handed_out: set[int] = set()
+
+
+def free_port_run(n: int = 1) -> int:
+    """A port p with p .. p + n - 1 all free now (data parallelism listens on
+    --data-parallel-rpc-port, expert parallelism on the next one or two; engine d's
+    tensor-parallel group on --master-port + d).
+
+    The ports lie outside the kernel's ephemeral range. A port the test only learned is
+    free (bound and closed) is the kernel's to give away again until dserve binds it: to
+    a gloo pair's listening socket (bound to port 0), or as a client's source port. The
+    test then polls /health on it, or a rank retries its rendezvous there, and the
+    connection lands on that stranger: libgloo's TCP pair takes the first connection
+    that reaches its listening socket as its peer, so the real peer is refused and the
+    group fails to start."""
+    low, high = _ephemeral_range()
+    # Below the range when there is room (the usual 32768-60999 leaves 16384-32767),
+    # else above it; [lo, hi) holds every port of the run.
+    lo, hi = max(1024, low - 16384), low
+    if hi - lo < n + 64:
+        lo, hi = high + 1, 65536
+    if hi - lo < n + 64:
+        raise RuntimeError(f"no room outside the ephemeral port range {low}-{high} for {n} ports")
+    for _ in range(1000):
+        p = random.randrange(lo, hi - n + 1)
+        ports = range(p, p + n)
+        if any(q in _handed_out for q in ports):
+            continue
+        try:
+            for q in ports:
+                # No SO_REUSEADDR: a port still in TIME_WAIT is skipped too.
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", q))
+        except OSError:
+            continue
+        _handed_out.update(ports)
+        return p
+    raise RuntimeError(f"no {n} consecutive free ports in {lo}-{hi - 1}")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_pair() -> int:
-    """A port p with p + 1 free too (data parallelism with expert parallelism listens on
-    --data-parallel-rpc-port and the next port)."""
-    for _ in range(100):
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", p + 1))
-                return p
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports")
+    return free_port_run(1)
 
 
 class Server:
