@@ -27,7 +27,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -35,16 +34,11 @@ import urllib.request
 import pytest
 
 import test_deepseek_reference as ds
+from server_util import free_port, free_port_run
 
 ADDITIONAL = '{"ascend_scheduler_config":{"enabled":false},"torchair_graph_config":{"enabled":true}}'
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,",
            "DeepSeek-R1 is", "A haiku about the sea:", "def fib(n):", "Hello", "Why is the sky"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +299,7 @@ def test_engines_of_two_tensor_parallel_ranks(dserve_bin, model_dir, single, tmp
     """The source command lines at --data-parallel-size 2 --tensor-parallel-size 2: each
     node's engine is a tensor-parallel group of its own (the node starts its second rank,
     at --master-port + the engine's data-parallel rank)."""
-    port, rpc, master = free_port(), free_port(), free_port()
+    port, rpc, master = free_port(), free_port(), free_port_run(2)  # engine d's group: master + d
     tp = ["--tensor-parallel-size", 2, "--master-port", master]
     flags = source_flags(rpc)
     i = flags.index("--tensor-parallel-size")

@@ -141,7 +141,7 @@ def r1_single(dserve_bin, r1, tmp_path_factory):
 def test_source_command_lines_with_expert_parallel(order, dserve_bin, r1, r1_single, tmp_path):
     model_dir, ref = r1
     want_texts, want_ids = r1_single
-    port, rpc = dp.free_port(), dp.free_port()
+    port, rpc = dp.free_port(), dp.free_port_run(2)  # rpc + 1: the expert-parallel group
     start_head = lambda: dp.head(dserve_bin, model_dir, port, rpc, tmp_path)  # noqa: E731
     start_node = lambda: dp.headless(dserve_bin, model_dir, rpc, tmp_path)  # noqa: E731
     # The source command lines carry --enable-expert-parallel: add it to both.
@@ -178,7 +178,7 @@ def test_v2_both_engines_in_one_process(dserve_bin, v2, tmp_path):
     single = serve_single(dserve_bin, model_dir, tmp_path, lambda port: complete_ids(port, prompt, ds.GEN_LEN))
     assert single["text"] == ref["native"]["greedy_text"]
     port = dp.free_port()
-    flags = dp.source_flags(dp.free_port())
+    flags = dp.source_flags(dp.free_port_run(2))  # rpc + 1: the expert-parallel group
     i = flags.index("--data-parallel-size-local")
     del flags[i:i + 2]  # default: every engine here
     p = dp.Proc([dserve_bin, "serve", model_dir, "--host", "127.0.0.1", "--port", port, *flags, *EP],
@@ -204,7 +204,7 @@ def test_v2_both_engines_in_one_process(dserve_bin, v2, tmp_path):
 def test_idle_engine_does_not_stall_the_other(dserve_bin, r1, tmp_path):
     import openai
     model_dir, _ = r1
-    port, rpc = dp.free_port(), dp.free_port()
+    port, rpc = dp.free_port(), dp.free_port_run(2)  # rpc + 1: the expert-parallel group
     flags = dp.source_flags(rpc)
     i = flags.index("--data-parallel-size-local")
     del flags[i:i + 2]
@@ -247,7 +247,7 @@ def test_idle_engine_does_not_stall_the_other(dserve_bin, r1, tmp_path):
 def test_killed_headless_node_stops_the_group(dserve_bin, r1, tmp_path):
     import openai
     model_dir, _ = r1
-    port, rpc = dp.free_port(), dp.free_port()
+    port, rpc = dp.free_port(), dp.free_port_run(2)  # rpc + 1: the expert-parallel group
     dp_flags = dp.source_flags
     dp.source_flags = lambda *a, **k: dp_flags(*a, **k) + EP
     try:
@@ -303,7 +303,7 @@ def test_killed_headless_node_stops_the_group(dserve_bin, r1, tmp_path):
         h.reap()
 
     # The API server's node killed: the headless node exits within seconds.
-    port, rpc = dp.free_port(), dp.free_port()
+    port, rpc = dp.free_port(), dp.free_port_run(2)  # rpc + 1: the expert-parallel group
     dp.source_flags = lambda *a, **k: dp_flags(*a, **k) + EP
     try:
         h = dp.head(dserve_bin, model_dir, port, rpc, tmp_path)
@@ -325,7 +325,7 @@ def test_node_without_expert_parallel_is_named(dserve_bin, r1, tmp_path):
     """The API server's node with --enable-expert-parallel, the headless node without:
     the group's rendezvous names the engine that never joined and the flag; both exit."""
     model_dir, _ = r1
-    port, rpc = dp.free_port(), dp.free_port()
+    port, rpc = dp.free_port(), dp.free_port_run(2)  # rpc + 1: the expert-parallel group
     dp_flags = dp.source_flags
     dp.source_flags = lambda *a, **k: dp_flags(*a, **k) + EP
     try:
@@ -342,22 +342,6 @@ def test_node_without_expert_parallel_is_named(dserve_bin, r1, tmp_path):
         node.reap()
 
 
-def free_port_run(n):
-    """A port p with p + 1 .. p + n - 1 free too: with tensor-parallel engines the
-    expert-parallel groups meet at --data-parallel-rpc-port + 1 and + 2."""
-    import socket
-    for _ in range(100):
-        p = dp.free_port()
-        try:
-            for q in range(p + 1, p + n):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", q))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError(f"no {n} consecutive free ports")
-
-
 def test_tensor_parallel_engines(dserve_bin, r1, r1_single, tmp_path):
     """The source document's full command lines (DP 2 x TP 8 with --enable-expert-parallel)
     at DP 2 x TP 2: two nodes, four processes. The 16 routed experts are dealt over all
@@ -369,7 +353,9 @@ def test_tensor_parallel_engines(dserve_bin, r1, r1_single, tmp_path):
     model_dir, ref = r1
     want_texts, want_ids = r1_single
     def start(name):
-        port, rpc, master = dp.free_port(), free_port_run(3), dp.free_port()
+        # The expert-parallel groups meet at rpc + 1 and + 2; engine d's tensor-parallel
+        # group at master + d.
+        port, rpc, master = dp.free_port(), dp.free_port_run(3), dp.free_port_run(2)
         flags = dp.source_flags(rpc)
         i = flags.index("--tensor-parallel-size")
         del flags[i:i + 2]

@@ -45,7 +45,7 @@ def test_help_lists_every_flag(dserve_bin):
       "1", "--data-parallel-rpc-port", str(server_util.free_port())], "rank(s) 1 never connected"),
     # Expert parallelism across the engines needs routed experts (test_expert_parallel.py).
     (["--enable-expert-parallel", "--data-parallel-size", "2", "--data-parallel-rpc-port",
-      str(server_util.free_port_pair())], "--enable-expert-parallel: LlamaForCausalLM has no routed experts"),
+      str(server_util.free_port_run(2))], "--enable-expert-parallel: LlamaForCausalLM has no routed experts"),
     (["--enable-expert-parallel", "--tensor-parallel-size", "3", "--master-port",
       str(server_util.free_port())], "--enable-expert-parallel: LlamaForCausalLM has no routed experts"),
     (["--quantization", "awq"], "not built yet"),

@@ -31,14 +31,9 @@ import time
 import pytest
 
 from conftest import run
+from server_util import free_port
 from test_llama_reference import CASES, GEN_LEN, PROMPT_LEN, VOCAB, _fixture
 from test_smollm2_reference import TIE_MARGIN, reference  # noqa: F401 (fixture)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tp_args(n):
