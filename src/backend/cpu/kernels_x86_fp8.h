@@ -7,8 +7,9 @@
 // The conversion: an E4M3 byte s.eeee.mmm, sign-extended to 16 bits, shifted left by
 // 7 and masked with 0xBF80 is the IEEE half s.0eeee.mmm0000000, which is the E4M3
 // value times 2^-8 (exponent bias 15 instead of 7) for normal and subnormal values
-// alike; vcvtph2ps widens it exactly and one multiply by 256 gives the value (never a
-// denormal f32 on the way, which would be slow on some cores). E4M3 has no infinity;
+// alike; vcvtph2ps widens it exactly (never a denormal f32 on the way, which would be
+// slow on some cores), and the 256 is taken with the block's scale (exact: a power of
+// two). 16 bytes are converted at once in 16-bit lanes of a 256-bit register. E4M3 has no infinity;
 // its NaN (s.1111.111) would come out as +-480, so it is made a half NaN first, as
 // tensor/half.h's fp8_e4m3_to_f32 reads it.
 //
@@ -45,30 +46,32 @@ constexpr int kF8Rows = 1, kF8Tokens = 4;
 #endif
 constexpr int kF8DecodeRows = 4;
 
-// 8 E4M3 bytes as IEEE halves (see the top of this file), in a 128-bit register.
-inline __m128i f8x8_to_f16(__m128i bytes) {
-  const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16(-0x4080));
-  const __m128i mag = _mm_and_si128(h, _mm_set1_epi16(0x3f80));
-  const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80));
-  return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
+// 16 E4M3 bytes as IEEE halves (see the top of this file): value / 256 each.
+inline __m256i f8x16_to_f16(__m128i bytes) {
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7),
+                                     _mm256_set1_epi16(-0x4080));
+  const __m256i mag = _mm256_and_si256(h, _mm256_set1_epi16(0x3f80));
+  const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80));
+  return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
 }
 
-// VecF::kWidth weights from p, as floats.
-inline VecF::T f8_load(const uint8_t* p) {
+// 16 weights from p as floats divided by 256 (the 256 is folded into the block scale,
+// exact as a power of two): one vector with AVX-512, two with AVX2 (lo, hi).
 #if defined(__AVX512F__)
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i lo = f8x8_to_f16(bytes), hi = f8x8_to_f16(_mm_srli_si128(bytes, 8));
-  const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-#else
-  const __m128i h = f8x8_to_f16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-#endif
+inline void f8_load16(const uint8_t* p, VecF::T* lo, VecF::T* /*hi*/) {
+  *lo = _mm512_cvtph_ps(f8x16_to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+#else
+inline void f8_load16(const uint8_t* p, VecF::T* lo, VecF::T* hi) {
+  const __m256i h = f8x16_to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+#endif
 
-// One weight, the same conversion (for the tail of a short last block).
+// One weight / 256, the same conversion (for the tail of a short last block).
 inline float f8_load1(uint8_t b) {
-  return _mm_cvtss_f32(_mm_mul_ss(_mm_cvtph_ps(f8x8_to_f16(_mm_cvtsi32_si128(b))), _mm_set_ss(256.0f)));
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm256_castsi256_si128(f8x16_to_f16(_mm_cvtsi32_si128(b)))));
 }
 
 template <int NR, int NT>
@@ -97,17 +100,41 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
     for (int r = 0; r < NR; ++r) {
       for (int t = 0; t < NT; ++t) block[r][t] = VecF::zero();
     }
+    // 16 weights a step, converted together; with AVX2 they are two vectors, added
+    // into the block in column order as one vector at a time would be.
     int64_t i = b0;
-    for (; i + W <= end; i += W) {
+    for (; i + 16 <= end; i += 16) {
       VecF::T xv[NT];
-      for (int t = 0; t < NT; ++t) xv[t] = VecF::load(x[t] + i);
+      [[maybe_unused]] VecF::T xh[NT];
+      for (int t = 0; t < NT; ++t) {
+        xv[t] = VecF::load(x[t] + i);
+        if constexpr (W == 8) xh[t] = VecF::load(x[t] + i + 8);
+      }
       for (int r = 0; r < NR; ++r) {
-        const VecF::T wv = f8_load(q[r] + i);
-        for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(wv, xv[t], block[r][t]);
+        VecF::T lo, hi;
+        f8_load16(q[r] + i, &lo, &hi);
+        for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(lo, xv[t], block[r][t]);
+        if constexpr (W == 8) {
+          for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(hi, xh[t], block[r][t]);
+        }
+      }
+    }
+    if constexpr (W == 8) {
+      if (i + 8 <= end) {  // only in a short last block
+        VecF::T xv[NT];
+        for (int t = 0; t < NT; ++t) xv[t] = VecF::load(x[t] + i);
+        for (int r = 0; r < NR; ++r) {
+          alignas(16) uint8_t buf[16] = {};
+          std::memcpy(buf, q[r] + i, 8);
+          VecF::T lo, hi;
+          f8_load16(buf, &lo, &hi);
+          for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(lo, xv[t], block[r][t]);
+        }
+        i += 8;
       }
     }
     for (int r = 0; r < NR; ++r) {
-      const VecF::T sv = VecF::set1(s[r][b]);
+      const VecF::T sv = VecF::set1(s[r][b] * 256.0f);
       for (int t = 0; t < NT; ++t) acc[r][t] = VecF::fma(block[r][t], sv, acc[r][t]);
     }
     for (; i < end; ++i) {  // only in a short last block
@@ -120,7 +147,9 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
   }
   const int64_t last = b - 1;
   for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = fma1(tail[r][t], s[r][last], VecF::sum(acc[r][t]));
+    for (int t = 0; t < NT; ++t) {
+      y[t * y_stride + r] = fma1(tail[r][t], s[r][last] * 256.0f, VecF::sum(acc[r][t]));
+    }
   }
 }
 
