@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/kernels.h"
 
@@ -77,7 +78,26 @@ inline float f8_load1(uint8_t b) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm256_castsi256_si128(f8x16_to_f16(_mm_cvtsi32_si128(b)))));
 }
 
-template <int NR, int NT>
+// Rows of FP8 weights as f8_load16 / f8_load1 give them (values / 256) into out,
+// k floats per row: what f8_tile<..., true> reads instead of converting again.
+void f8_convert_rows(const uint8_t* w, size_t w_stride, int n_rows, int64_t k, float* out) {
+  for (int r = 0; r < n_rows; ++r) {
+    const uint8_t* q = w + r * w_stride;
+    float* o = out + r * k;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+      VecF::T lo, hi;
+      f8_load16(q + i, &lo, &hi);
+      VecF::store(o + i, lo);
+      if constexpr (VecF::kWidth == 8) VecF::store(o + i + 8, hi);
+    }
+    for (; i < k; ++i) o[i] = f8_load1(q[i]);
+  }
+}
+
+// kConverted: w holds f8_convert_rows' floats (w_stride = 4 k bytes) instead of FP8
+// bytes; the same values in the same chain, so the same bits.
+template <int NR, int NT, bool kConverted>
 void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const float* const* x,
              int64_t k, float* y, int64_t y_stride) {
   constexpr int W = VecF::kWidth;
@@ -114,12 +134,17 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
         xv[t] = VecF::load(x[t] + i);
         if constexpr (W == 8) xh[t] = VecF::load(x[t] + i + 8);
       }
-      if ((i & 63) == 0) {  // the next tile's rows, the same columns (see above)
+      if (!kConverted && (i & 63) == 0) {  // the next tile's rows, the same columns (see above)
         for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(q[r] + ahead + i), _MM_HINT_T0);
       }
       for (int r = 0; r < NR; ++r) {
         VecF::T lo, hi;
-        f8_load16(q[r] + i, &lo, &hi);
+        if constexpr (kConverted) {
+          lo = VecF::load(reinterpret_cast<const float*>(q[r]) + i);
+          if constexpr (W == 8) hi = VecF::load(reinterpret_cast<const float*>(q[r]) + i + 8);
+        } else {
+          f8_load16(q[r] + i, &lo, &hi);
+        }
         for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(lo, xv[t], block[r][t]);
         if constexpr (W == 8) {
           for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(hi, xh[t], block[r][t]);
@@ -131,10 +156,14 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
         VecF::T xv[NT];
         for (int t = 0; t < NT; ++t) xv[t] = VecF::load(x[t] + i);
         for (int r = 0; r < NR; ++r) {
-          alignas(16) uint8_t buf[16] = {};
-          std::memcpy(buf, q[r] + i, 8);
           VecF::T lo, hi;
-          f8_load16(buf, &lo, &hi);
+          if constexpr (kConverted) {
+            lo = VecF::load(reinterpret_cast<const float*>(q[r]) + i);
+          } else {
+            alignas(16) uint8_t buf[16] = {};
+            std::memcpy(buf, q[r] + i, 8);
+            f8_load16(buf, &lo, &hi);
+          }
           for (int t = 0; t < NT; ++t) block[r][t] = VecF::fma(lo, xv[t], block[r][t]);
         }
         i += 8;
@@ -146,7 +175,7 @@ void f8_tile(const uint8_t* w, size_t w_stride, const BlockScales& scales, const
     }
     for (; i < end; ++i) {  // only in a short last block
       for (int r = 0; r < NR; ++r) {
-        const float wi = f8_load1(q[r][i]);
+        const float wi = kConverted ? reinterpret_cast<const float*>(q[r])[i] : f8_load1(q[r][i]);
         for (int t = 0; t < NT; ++t) tail[r][t] = fma1(wi, x[t][i], tail[r][t]);
       }
     }
@@ -183,9 +212,16 @@ void matmul_f8_x86(const uint8_t* w, size_t w_stride, const BlockScales& scales,
   }
   constexpr int kMaxRows = kF8Rows > kF8DecodeRows ? kF8Rows : kF8DecodeRows;
   const int max_rows = n_tokens == 1 ? kF8DecodeRows : kF8Rows;
+  // More tokens than one tile: each row tile is converted once, into a buffer that
+  // stays in L1, and every token tile reads it (the conversion costs more than the
+  // FMAs it feeds).
+  const bool convert = n_tokens > kF8Tokens;
+  thread_local std::vector<float> converted;
+  if (convert && converted.size() < static_cast<size_t>(kF8Rows * k)) converted.resize(kF8Rows * k);
   for (int64_t r0 = 0; r0 < n_rows; r0 += max_rows) {
     const int nr = static_cast<int>(n_rows - r0 < max_rows ? n_rows - r0 : max_rows);
     const BlockScales s = scales.from_row(r0);
+    if (convert) f8_convert_rows(w + r0 * w_stride, w_stride, nr, k, converted.data());
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kF8Tokens) {
       const int nt = static_cast<int>(n_tokens - t0 < kF8Tokens ? n_tokens - t0 : kF8Tokens);
       const float* xs[kF8Tokens];
@@ -193,8 +229,15 @@ void matmul_f8_x86(const uint8_t* w, size_t w_stride, const BlockScales& scales,
       float* out = y + t0 * y_stride + r0;
       f8_dispatch<kMaxRows>(nr, [&](auto r) {
         f8_dispatch<kF8Tokens>(nt, [&](auto t) {
-          f8_tile<decltype(r)::value, decltype(t)::value>(w + r0 * w_stride, w_stride, s, xs, k, out,
-                                                          y_stride);
+          constexpr int R = decltype(r)::value, T = decltype(t)::value;
+          if (convert) {
+            if constexpr (R <= kF8Rows) {
+              f8_tile<R, T, true>(reinterpret_cast<const uint8_t*>(converted.data()), k * sizeof(float), s,
+                                  xs, k, out, y_stride);
+            }
+          } else {
+            f8_tile<R, T, false>(w + r0 * w_stride, w_stride, s, xs, k, out, y_stride);
+          }
         });
       });
     }
