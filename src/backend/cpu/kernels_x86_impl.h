@@ -654,10 +654,20 @@ struct FloatKernel {
     for (int r = 0; r < NR; ++r) {
       for (int t = 0; t < NT; ++t) acc[r][t] = VecF::zero();
     }
+    // Decode reads NR rows side by side, each a short stream (2-4 KiB) that ends
+    // before the hardware prefetcher is up to speed: each cache line's step also
+    // prefetches the same columns of the next tile's rows.
+    constexpr int64_t kLine = 64 / sizeof(Elem);
+    const int64_t ahead = NR * static_cast<int64_t>(a.w_stride / sizeof(Elem));
     int64_t i = 0;
     for (; i + W <= a.k; i += W) {
       VecF::T xv[NT];
       for (int t = 0; t < NT; ++t) xv[t] = VecF::load(x[t] + i);
+      if constexpr (NT == 1) {
+        if (i % kLine == 0) {
+          for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + i), _MM_HINT_T0);
+        }
+      }
       for (int r = 0; r < NR; ++r) {
         const VecF::T wv = load(w[r] + i);
         for (int t = 0; t < NT; ++t) acc[r][t] = VecF::fma(wv, xv[t], acc[r][t]);
