@@ -421,24 +421,34 @@ def test_int8_tensor_without_a_quantization_config(dserve_bin, w8a8_copy):
 
 # ---- A real model: SmolLM2-135M-Instruct in W8A8 ----------------------------------------
 
-SMOLLM2_VERSION = 2
+SMOLLM2_VERSION = 3
+CALIBRATION_TOKENS = 200  # written by the BF16 model after each of the smollm2 prompts
 
 
-EVAL_TOKENS = 512  # of the lighthouse text: BF16 matmuls are slow in torch on a CPU
+def _smoothquant_w8a8_recipe():
+    """llmcompressor's W8A8 recipe as its docs give it, without GPTQ (18 minutes on a
+    2-core machine for this model): SmoothQuant moves the activations' outlier channels
+    into the weights, then int8 per-channel weights and dynamic per-token int8
+    activations, lm_head in float."""
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
+    return [SmoothQuantModifier(smoothing_strength=0.8),
+            QuantizationModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"])]
 
 
 @pytest.fixture(scope="module")
 def smollm2_w8a8(default_model):
     """SmolLM2-135M-Instruct as transformers reads the default model's GGUF, in BF16,
-    quantised to W8A8 (the "W8A8" preset: int8 per-channel weights, dynamic per-token
-    int8 activations, lm_head in float) by llmcompressor, calibrated on the smollm2
-    tests' prompts; with transformers' BF16 log-likelihood of the lighthouse text."""
+    quantised to W8A8 by llmcompressor (_smoothquant_w8a8_recipe), calibrated on text the
+    BF16 model itself wrote (sampled, seeded) after the smollm2 tests' prompts, so that
+    the evaluation text stays unseen; with transformers' BF16 log-likelihood of the
+    whole lighthouse text and compressed-tensors' own forward of the W8A8 checkpoint."""
     from datasets import Dataset
     from llmcompressor import oneshot
     from test_smollm2_reference import PROMPTS, TEXT, _load_reference_model, _sha256
-    key = content_key(_sha256(default_model), SMOLLM2_VERSION, EVAL_TOKENS,
+    key = content_key(_sha256(default_model), SMOLLM2_VERSION, CALIBRATION_TOKENS,
                       transformers.__version__, torch.__version__, llmcompressor.__version__,
-                      TEXT.read_text())
+                      TEXT.read_text(), PROMPTS)
     d = cache_dir() / f"w8a8-smollm2-{key}"
     if not (d / "done").exists():
         tmp = d.with_name(d.name + ".tmp")
@@ -456,16 +466,23 @@ def smollm2_w8a8(default_model):
         tok.save_pretrained(tmp / "bf16")
         model = transformers.AutoModelForCausalLM.from_pretrained(
             tmp / "bf16", dtype=torch.bfloat16).eval()
-        ids = tok(TEXT.read_text())["input_ids"][:EVAL_TOKENS]
+        ids = tok(TEXT.read_text())["input_ids"]
+        x = torch.tensor([ids])
         with torch.no_grad():
-            x = torch.tensor([ids])
             lp = torch.log_softmax(model(x).logits[0].float()[:-1], dim=-1)
             nll = -lp.gather(1, x[0, 1:, None]).mean().item()
-        rows = [tok(p)["input_ids"] for p in PROMPTS]
+        torch.manual_seed(0)
+        rows = []
+        for p in PROMPTS:
+            with torch.no_grad():
+                out = model.generate(**tok(p, return_tensors="pt"), do_sample=True,
+                                     temperature=1.0, max_new_tokens=CALIBRATION_TOKENS,
+                                     min_new_tokens=CALIBRATION_TOKENS)
+            rows.append(out[0].tolist())
         data = Dataset.from_dict({"input_ids": rows,
                                   "attention_mask": [[1] * len(r) for r in rows]})
         oneshot(model=model, dataset=data, processor=tok, num_calibration_samples=len(rows),
-                max_seq_length=64, recipe=_recipe(static=False))
+                max_seq_length=max(map(len, rows)), recipe=_smoothquant_w8a8_recipe())
         model.save_pretrained(tmp / "w8a8", save_compressed=True)
         tok.save_pretrained(tmp / "w8a8")
         # compressed-tensors' own forward of the saved checkpoint (int8 weights, per-token
@@ -485,15 +502,15 @@ def smollm2_w8a8(default_model):
 
 def test_smollm2_w8a8_perplexity(smollm2_w8a8, dserve_bin, tmp_path):
     """dserve's perplexity of the W8A8 checkpoint against compressed-tensors' own
-    forward of it (transformers) and against the BF16 model's.
+    forward of it (transformers) and against the BF16 model's, on all 1,905 tokens of
+    the lighthouse text in one window.
 
-    The bounds are the measured sizes of two effects, not dserve's: per-token int8
-    activations lose ~2% perplexity on this model by themselves (compressed-tensors'
-    forward: 33.42 against BF16's 32.73 on these 512 tokens), and SmolLM2's massive
-    activations make the result sensitive to float rounding before each quantisation
-    (dserve's scalar and AVX2 kernels, which differ only in summation order, land
-    ~2% apart; the same model quantised layer by layer agrees within 2e-5 for the
-    first 4 layers). So: within 2.5% of the reference's and 5% of BF16's."""
+    Measured (2026-12-02): compressed-tensors' forward +0.7% from BF16; dserve within
+    0.3% of it (AVX2 +0.27%, scalar -0.15%: SmolLM2's massive activations make the
+    int8 rounding of each token sensitive to float summation order before it). So:
+    within 1% of the reference's perplexity, and within 2% of BF16's. The issue's 1%
+    from BF16 is the quantisation's own error here, not dserve's; across llmcompressor's
+    recipes it ranges +0.7% to +3.4% on this model (README, Tests and their references)."""
     import math
     w8a8_dir, ref = smollm2_w8a8
     config = json.loads((w8a8_dir / "config.json").read_text())
@@ -507,5 +524,5 @@ def test_smollm2_w8a8_perplexity(smollm2_w8a8, dserve_bin, tmp_path):
     assert len(got["scored"]) == len(ref["ids"]) - 1
     ppl = got["perplexity"]
     w8a8, bf16 = math.exp(ref["w8a8_nll"]), math.exp(ref["bf16_nll"])
-    assert abs(ppl - w8a8) <= 0.025 * w8a8, (ppl, w8a8, bf16)
-    assert abs(ppl - bf16) <= 0.05 * bf16, (ppl, w8a8, bf16)
+    assert abs(ppl - w8a8) <= 0.01 * w8a8, (ppl, w8a8, bf16)
+    assert abs(ppl - bf16) <= 0.02 * bf16, (ppl, w8a8, bf16)
