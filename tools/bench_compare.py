@@ -66,9 +66,11 @@ def active_macs_per_token(path):
     return macs
 
 
-def dserve_generate(dserve, model, threads, prompt_ids):
+def dserve_generate(dserve, model, threads, prompt_ids, extra=()):
+    """(prompt tok/s, decode tok/s, weight bytes per decoded token) of 128 tokens."""
     r = run([str(dserve), "generate", "--model", str(model), "--prompt-ids", prompt_ids,
-             "--max-tokens", "128", "--ignore-eos", "--temperature", "0", "--threads", str(threads)])
+             "--max-tokens", "128", "--ignore-eos", "--temperature", "0", "--threads", str(threads),
+             *map(str, extra)])
     m = re.search(r"prompt: \d+ tokens in [\d.]+ s \(([\d.]+) tokens/s\); decode: \d+ tokens in "
                   r"[\d.]+ s \(([\d.]+) tokens/s, (\d+) MiB of weights/token", r.stderr)
     if not m:

@@ -35,6 +35,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import bench_compare  # noqa: E402
 import bench_deepseek  # noqa: E402
 import make_moe_gguf  # noqa: E402
 
@@ -140,7 +141,6 @@ def limits(build, threads):
 
 def smollm2_macs():
     """Multiply-accumulates per token of SmolLM2's matrix products (the GGUF's shapes)."""
-    import bench_compare
     return bench_compare.active_macs_per_token(DEFAULT_MODEL)
 
 
@@ -155,16 +155,6 @@ def deepseek_macs():
         n = shape[0] * shape[1]
         macs += n * c["num_experts_per_tok"] // c["n_routed_experts"] if ".experts." in name else n
     return macs
-
-
-def generate(dserve, model, threads, prompt, extra):
-    r = run([dserve, "generate", "--model", model, "--prompt-ids", prompt, "--max-tokens", 128,
-             "--ignore-eos", "--temperature", 0, "--threads", threads] + extra)
-    m = re.search(r"prompt: \d+ tokens in [\d.]+ s \(([\d.]+) tokens/s\); decode: \d+ tokens in "
-                  r"[\d.]+ s \(([\d.]+) tokens/s, (\d+) MiB of weights/token", r.stderr)
-    if not m:
-        raise SystemExit("dserve generate: unexpected output:\n" + r.stderr[-2000:])
-    return float(m[1]), float(m[2]), int(m[3]) * 2**20
 
 
 def batch32(dserve, model, threads, extra):
@@ -223,8 +213,9 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     for name, fmt, path, extra, macs, peak in variants:
         peak = {"int8": i8, "f32": f32}[peak]
-        pp, _, _ = generate(args.dserve, path, args.threads, PROMPT_512, extra)
-        _, tg, bytes_per_token = generate(args.dserve, path, args.threads, "1000", extra)
+        pp, _, _ = bench_compare.dserve_generate(args.dserve, path, args.threads, PROMPT_512, extra)
+        _, tg, bytes_per_token = bench_compare.dserve_generate(args.dserve, path, args.threads, "1000",
+                                                               extra)
         b32 = batch32(args.dserve, path, args.threads, extra)
         frac = lambda tps: f"{tps * macs / (peak * 1e9):.0%}"  # noqa: E731
         print(f"| {name} | {fmt} | {BYTES_PER_WEIGHT[fmt]:.2f} | {pp:.1f} | {tg:.1f} | {b32:.1f} "

@@ -129,6 +129,21 @@ def assert_same(got, want, what):
         assert worst < 1e-3, f"{what}: log-probabilities differ by {worst:.2e}"
 
 
+def assert_serves_like_one_process(port, want_texts, want_ids, ref, what):
+    """The prompts' outputs, and the greedy reference prompt's ids and log-probabilities,
+    equal the single-process server's; requests landed on both engines. Returns the
+    finished requests per engine."""
+    got = dp.complete_all(port, dp.PROMPTS)
+    assert_same(got, want_texts, what)
+    ids = complete_ids(port, ref["prompt"], ds.GEN_LEN)
+    assert ids["text"] == want_ids["text"] == ref["native"]["greedy_text"]
+    worst = max(abs(a - b) for a, b in zip(ids["logprobs"], want_ids["logprobs"]))
+    assert worst < 1e-3, f"log-probabilities differ by {worst:.2e}"
+    ok = dp.per_engine(dp.metrics(port), "vllm:request_success", finished_reason="length")
+    assert ok.get("0", 0) > 0 and ok.get("1", 0) > 0, f"requests per engine: {ok}"
+    return ok
+
+
 @pytest.fixture(scope="module")
 def r1_single(dserve_bin, r1, tmp_path_factory):
     model_dir, ref = r1
@@ -154,14 +169,7 @@ def test_source_command_lines_with_expert_parallel(order, dserve_bin, r1, r1_sin
     h, node = (procs[0], procs[1]) if order == "head-first" else (procs[1], procs[0])
     try:
         dp.wait_healthy(h, port)
-        got = dp.complete_all(port, dp.PROMPTS)
-        assert_same(got, want_texts, order)
-        ids = complete_ids(port, ref["prompt"], ds.GEN_LEN)
-        assert ids["text"] == want_ids["text"] == ref["native"]["greedy_text"]
-        worst = max(abs(a - b) for a, b in zip(ids["logprobs"], want_ids["logprobs"]))
-        assert worst < 1e-3, f"log-probabilities differ by {worst:.2e}"
-        ok = dp.per_engine(dp.metrics(port), "vllm:request_success", finished_reason="length")
-        assert ok.get("0", 0) > 0 and ok.get("1", 0) > 0, f"requests per engine: {ok}"
+        assert_serves_like_one_process(port, want_texts, want_ids, ref, order)
         held_experts(h.log() + node.log(), model_dir)
         h.proc.send_signal(signal.SIGTERM)
         assert h.wait(30) == 0, h.log()[-2000:]
@@ -373,14 +381,8 @@ def test_tensor_parallel_engines(dserve_bin, r1, r1_single, tmp_path):
         assert len(dp.processes_with(f"--master-port {master}")) == 4
         held_experts(h.log() + node.log(), model_dir, size=4)
 
-        got = dp.complete_all(port, dp.PROMPTS)
-        assert_same(got, want_texts, "DP 2 x TP 2 with expert parallelism")
-        ids = complete_ids(port, ref["prompt"], ds.GEN_LEN)
-        assert ids["text"] == want_ids["text"] == ref["native"]["greedy_text"]
-        worst = max(abs(a - b) for a, b in zip(ids["logprobs"], want_ids["logprobs"]))
-        assert worst < 1e-3, f"log-probabilities differ by {worst:.2e}"
-        ok = dp.per_engine(dp.metrics(port), "vllm:request_success", finished_reason="length")
-        assert ok.get("0", 0) > 0 and ok.get("1", 0) > 0, f"requests per engine: {ok}"
+        ok = assert_serves_like_one_process(port, want_texts, want_ids, ref,
+                                            "DP 2 x TP 2 with expert parallelism")
 
         # One engine decodes a long request while the other has nothing (its ranks run
         # idle forwards); a request sent meanwhile goes to the idle one and is served.
