@@ -5,6 +5,8 @@
 //
 // Each case runs on the weights as loaded ("plain") and after prepare_matmul_weight
 // ("prepared", as models do at load: the CPU's packed panels where a level has them).
+// The "stream/" cases decode through whole models' worth of distinct weights (a
+// DeepSeek-shaped MoE's experts, SmolLM2's 30 layers), more than any cache holds.
 //
 // Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
 // DSERVE_BENCH_THREADS (default: all cores), DSERVE_BENCH_TOKENS (comma-separated
@@ -75,11 +77,137 @@ void bm_matmul(benchmark::State& state, DType t, Shape shape, int64_t n_tokens, 
   state.SetLabel(std::string(b.name()));
 }
 
+// Decode over weights larger than the last-level cache, as a model's step reads them:
+// many distinct matrices, each read once per step, several to a job, so that what a
+// job costs besides streaming its bytes (hand-offs, each matrix's cold start) shows.
+// bytes_per_second is the weight bytes read (compare with build/bench/machine_limits).
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  TensorView w;
+};
+
+std::unique_ptr<Matrix> make_matrix(DType t, int64_t n, int64_t k, uint32_t seed) {
+  auto m = std::make_unique<Matrix>();
+  m->bytes = random_weights(t, n, k);
+  std::mt19937 rng(seed);  // matrices of one pool differ (same bytes would be fine too)
+  for (size_t i = 0; i < m->bytes.size(); i += 4096) m->bytes[i] ^= static_cast<uint8_t>(rng() & 0x3f);
+  m->w = TensorView{t, {n, k}, m->bytes.data(), m->bytes.size()};
+  bench_backend().prepare_matmul_weight(m->w);
+  return m;
+}
+
+// A DeepSeek-V3-shaped MoE step (tools/make_moe_gguf.py, Q8_0): 8 layers, each routing
+// one token to 6 of 64 experts (512 x 1024 gate and up, 1024 x 512 down; one pool of
+// 64 serves every layer) plus its own shared expert (1024 wide); gate/up of all 7 as
+// one grouped job, down as another, as DeepseekModel::run_moe.
+void bm_stream_moe(benchmark::State& state) {
+  constexpr int kExperts = 64, kTopK = 6, kLayers = 8;
+  constexpr int64_t kHidden = 1024, kInter = 512, kShared = 1024;
+  const DType t = DType::kQ8_0;
+  struct Mlp {
+    std::unique_ptr<Matrix> gate, up, down;
+  };
+  // Made once: the backend keeps each weight's packed copy for the process.
+  static std::vector<Mlp> routed(kExperts), shared(kLayers);
+  if (routed[0].gate == nullptr) {
+    uint32_t seed = 1;
+    for (Mlp& e : routed) {
+      e = {make_matrix(t, kInter, kHidden, seed++), make_matrix(t, kInter, kHidden, seed++),
+           make_matrix(t, kHidden, kInter, seed++)};
+    }
+    for (Mlp& e : shared) {
+      e = {make_matrix(t, kShared, kHidden, seed++), make_matrix(t, kShared, kHidden, seed++),
+           make_matrix(t, kHidden, kShared, seed++)};
+    }
+  }
+  std::vector<float> x((kTopK + 1) * kShared, 0.5f), gate((kTopK + 1) * kShared),
+      up((kTopK + 1) * kShared), out((kTopK + 1) * kHidden);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  for (auto& v : x) v = dist(rng);
+  Backend& b = bench_backend();
+  int64_t bytes = 0, step = 0;
+  for (auto _ : state) {
+    for (int l = 0; l < kLayers; ++l, ++step) {
+      std::vector<MatmulTarget> gate_up, down;
+      std::vector<MatmulGroup> gu_groups, down_groups;
+      gate_up.reserve(2 * (kTopK + 1));
+      down.reserve(kTopK + 1);
+      for (int i = 0; i <= kTopK; ++i) {
+        // Distinct experts per layer (11 i mod 64 differ for i < 6), moving every step.
+        const Mlp& e = i < kTopK ? routed[(step * 13 + i * 11) % kExperts] : shared[l];
+        gate_up.push_back({&e.gate->w, nullptr, gate.data() + i * kShared});
+        gate_up.push_back({&e.up->w, nullptr, up.data() + i * kShared});
+        down.push_back({&e.down->w, nullptr, out.data() + i * kHidden});
+        bytes += static_cast<int64_t>(e.gate->bytes.size() + e.up->bytes.size() + e.down->bytes.size());
+      }
+      for (int i = 0; i <= kTopK; ++i) {
+        gu_groups.push_back({x.data() + i * kHidden, 1, &gate_up[2 * i], 2});
+        down_groups.push_back({gate.data() + i * kShared, 1, &down[i], 1});
+      }
+      b.matmul_grouped(gu_groups.data(), static_cast<int>(gu_groups.size()));
+      b.matmul_grouped(down_groups.data(), static_cast<int>(down_groups.size()));
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(bytes);
+  state.SetLabel(std::string(b.name()));
+}
+
+// SmolLM2-135M's 30 layers (Q4_1, hidden 576, 9 heads / 3 KV heads of 64, FFN 1536):
+// q/k/v as one job, o, gate/up as one job, down: four jobs a layer, as LlamaModel.
+void bm_stream_layers(benchmark::State& state) {
+  constexpr int kLayers = 30;
+  constexpr int64_t kHidden = 576, kKv = 192, kInter = 1536;
+  const DType t = DType::kQ4_1;
+  struct Layer {
+    std::unique_ptr<Matrix> q, k, v, o, gate, up, down;
+  };
+  static std::vector<Layer> layers(kLayers);  // made once, as above
+  if (layers[0].q == nullptr) {
+    uint32_t seed = 1;
+    for (Layer& l : layers) {
+      l = {make_matrix(t, kHidden, kHidden, seed++), make_matrix(t, kKv, kHidden, seed++),
+           make_matrix(t, kKv, kHidden, seed++),     make_matrix(t, kHidden, kHidden, seed++),
+           make_matrix(t, kInter, kHidden, seed++),  make_matrix(t, kInter, kHidden, seed++),
+           make_matrix(t, kHidden, kInter, seed++)};
+    }
+  }
+  int64_t layer_bytes = 0;  // all layers'
+  for (const Layer& l : layers) {
+    for (const Matrix* m : {l.q.get(), l.k.get(), l.v.get(), l.o.get(), l.gate.get(), l.up.get(), l.down.get()}) {
+      layer_bytes += static_cast<int64_t>(m->bytes.size());
+    }
+  }
+  std::vector<float> x(kHidden), q(kHidden), k(kKv), v(kKv), o(kHidden), gate(kInter), up(kInter);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  for (auto& e : x) e = dist(rng);
+  Backend& b = bench_backend();
+  for (auto _ : state) {
+    for (const Layer& l : layers) {
+      const MatmulTarget qkv[] = {{&l.q->w, nullptr, q.data()}, {&l.k->w, nullptr, k.data()},
+                                  {&l.v->w, nullptr, v.data()}};
+      b.matmul_many(x.data(), 1, qkv, 3);
+      b.matmul(l.o->w, nullptr, q.data(), 1, o.data());
+      const MatmulTarget gate_up[] = {{&l.gate->w, nullptr, gate.data()}, {&l.up->w, nullptr, up.data()}};
+      b.matmul_many(x.data(), 1, gate_up, 2);
+      b.matmul(l.down->w, nullptr, gate.data(), 1, o.data());
+    }
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * layer_bytes);
+  state.SetLabel(std::string(b.name()));
+}
+
 }  // namespace
 }  // namespace dserve
 
 int main(int argc, char** argv) {
   using namespace dserve;
+  // On a shared machine the fastest repetition is the least disturbed one: run with
+  // --benchmark_repetitions=N and read the "_min" rows.
+  auto min_of = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
   std::vector<int64_t> token_counts = {1, 8, 32, 64};
   if (const char* list = std::getenv("DSERVE_BENCH_TOKENS")) {
     token_counts.clear();
@@ -105,14 +233,14 @@ int main(int argc, char** argv) {
         benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, s, n_tokens, prepared)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime()
-            // On a shared machine the fastest repetition is the least disturbed one:
-            // run with --benchmark_repetitions=N and read the "_min" rows.
-            ->ComputeStatistics("min", [](const std::vector<double>& v) {
-              return *std::min_element(v.begin(), v.end());
-            }, benchmark::StatisticUnit::kTime);
+            ->ComputeStatistics("min", min_of, benchmark::StatisticUnit::kTime);
         }
       }
     }
+  }
+  for (auto* b : {benchmark::RegisterBenchmark("stream/moe_q8_0_8x7_experts", bm_stream_moe),
+                  benchmark::RegisterBenchmark("stream/layers_q4_1_30x576", bm_stream_layers)}) {
+    b->Unit(benchmark::kMicrosecond)->UseRealTime()->ComputeStatistics("min", min_of, benchmark::StatisticUnit::kTime);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
