@@ -383,7 +383,7 @@ TEST(CpuKernelsTest, PackedMatmulEqualsPerRowKernels) {
             std::vector<float> want(n_tokens * n), got(n_tokens * n, NAN);
             kt.matmul[ti](w.data(), w_stride, rows.data(), x_stride, k, n, n_tokens, want.data(),
                           n);
-            kt.matmul_packed[ti](aligned, fused.data(), k, n, n_tokens, got.data(), n);
+            kt.matmul_packed[ti](aligned, fused.data(), k, n, n_tokens, got.data(), n, nullptr);
             EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
           }
         }
@@ -537,6 +537,47 @@ TEST_P(BackendOpsTest, MatmulGroupedEqualsOneByOne) {
   backend_->matmul_grouped(groups.data(), static_cast<int>(groups.size()));
   for (size_t i = 0; i < specs.size(); ++i) {
     if (want[i].empty()) continue;  // the group without tokens: nothing to compare
+    EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
+        << "group " << i << " " << dtype_name(specs[i].t);
+  }
+}
+
+TEST_P(BackendOpsTest, MatmulGroupedDecodeEqualsOneByOne) {
+  // A decode step's grouped job (one token per group: a MoE layer's experts): its
+  // tasks run across the ends of targets into the next, each kernel prefetching the
+  // next target's panels, which may have another row length or type or no packed
+  // form. Each output as its own matmul gives it, bit for bit.
+  struct Spec {
+    DType t;
+    int64_t n, k;
+    bool prepare;
+  };
+  const std::vector<Spec> specs = {
+      {DType::kQ8_0, 40, 256, true},  {DType::kQ8_0, 64, 512, true},  {DType::kQ4_1, 33, 256, true},
+      {DType::kQ4_K, 20, 512, true},  {DType::kQ4_0, 17, 96, false},  {DType::kF32, 9, 64, false},
+      {DType::kQ4_0, 48, 1024, true}, {DType::kQ6_K, 16, 256, true},  {DType::kQ8_0, 1, 64, true}};
+  std::vector<std::vector<uint8_t>> wbytes;
+  std::vector<TensorView> ws;
+  std::vector<std::vector<float>> xs, want, got;
+  for (const Spec& s : specs) {
+    wbytes.push_back(random_weights(s.t, s.n, s.k, rng_));
+    xs.push_back(random_floats(s.k, rng_));
+    want.emplace_back(s.n);
+    got.emplace_back(s.n, NAN);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ws.push_back({specs[i].t, {specs[i].n, specs[i].k}, wbytes[i].data(), wbytes[i].size()});
+    if (specs[i].prepare) backend_->prepare_matmul_weight(ws[i]);
+  }
+  std::vector<MatmulTarget> targets(specs.size());
+  std::vector<MatmulGroup> groups(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    backend_->matmul(ws[i], nullptr, xs[i].data(), 1, want[i].data());
+    targets[i] = {&ws[i], nullptr, got[i].data()};
+    groups[i] = {xs[i].data(), 1, &targets[i], 1};
+  }
+  backend_->matmul_grouped(groups.data(), static_cast<int>(groups.size()));
+  for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
         << "group " << i << " " << dtype_name(specs[i].t);
   }

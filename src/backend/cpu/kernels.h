@@ -180,8 +180,13 @@ inline constexpr int64_t kMatmulPackRows = 16;
 using PackWeightFn = void (*)(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t k,
                               uint8_t* out);
 // As MatmulBatchFn for rows [0, n_rows) of a packed matrix (`packed` at a panel).
+// `next`: the packed panel the calling thread reads right after these rows (another
+// matrix's, in a job of several), or null. A kernel may prefetch its first bytes
+// while it reads its own last ones, so that the next matrix does not start cold; it
+// never reads `next` otherwise.
 using MatmulPackedFn = void (*)(const uint8_t* packed, const uint8_t* x_tiles, int64_t k,
-                                int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride);
+                                int64_t n_rows, int64_t n_tokens, float* y, int64_t y_stride,
+                                const uint8_t* next);
 struct PackedLayout {
   int64_t block_bytes = 0;  // bytes per panel and 32-element block; 0: no packed form
   int64_t panel_extra_bytes = 0;  // bytes per panel besides the blocks (I8's row scales)

@@ -311,10 +311,12 @@ void half_tile_any(int nt, const HalfPanel<P>& panel, const HalfPanel<P>* next, 
 }
 
 // MatmulPackedFn: rows [0, n_rows) of a packed matrix, half panel by half panel; each
-// half serves every token tile of the call while it sits in L1.
+// half serves every token tile of the call while it sits in L1. The last half
+// prefetches `next_matrix` (the first half panel of another matrix, whose row length
+// may differ: as many bytes as this one's weights, harmless if more than it has).
 template <typename P>
 void matmul_half_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
-                        int64_t n_tokens, float* y, int64_t y_stride) {
+                        int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* next_matrix) {
   const int64_t nb = k / 32;
   const int64_t half_bytes = nb * half_block_bytes<P>();
   const int64_t tile_bytes = nb * HalfTileBlock::kBytes;
@@ -323,8 +325,9 @@ void matmul_half_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k
     const int nr = static_cast<int>(n_rows - h * kHalfRows < kHalfRows ? n_rows - h * kHalfRows : kHalfRows);
     const HalfPanel<P> panel(packed + h * half_bytes, nb);
     float* yh = y + h * kHalfRows;
-    const HalfPanel<P> next(packed + (h + 1) * half_bytes, nb);
-    const HalfPanel<P>* next_ptr = h + 1 < n_halves ? &next : nullptr;
+    const bool last = h + 1 == n_halves;
+    const HalfPanel<P> next(last ? next_matrix : packed + (h + 1) * half_bytes, nb);
+    const HalfPanel<P>* next_ptr = !last || next_matrix != nullptr ? &next : nullptr;
     if (n_tokens == 1) {
       half_single<P>(panel, next_ptr, nb, x_tiles, yh, nr);
       continue;
@@ -374,7 +377,7 @@ void matmul_half_batched(const uint8_t* w, size_t w_stride, const uint8_t* x_til
   for (int64_t r0 = 0; r0 < n_rows; r0 += kMatmulPackRows) {
     const int64_t nr = n_rows - r0 < kMatmulPackRows ? n_rows - r0 : kMatmulPackRows;
     pack_weight_half<P>(w + r0 * w_stride, w_stride, nr, k, scratch);
-    matmul_half_packed<P>(scratch, x_tiles, k, nr, n_tokens, y + r0, y_stride);
+    matmul_half_packed<P>(scratch, x_tiles, k, nr, n_tokens, y + r0, y_stride, nullptr);
   }
 }
 
@@ -542,7 +545,7 @@ void half_kquant_any(int nt, const uint8_t* half, int64_t nb, const uint8_t* x, 
 // MatmulPackedFn for Q4_K / Q5_K: `x` is Q8x256 rows.
 template <typename P>
 void matmul_kquant_packed(const uint8_t* packed, const uint8_t* x, int64_t k, int64_t n_rows,
-                          int64_t n_tokens, float* y, int64_t y_stride) {
+                          int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* /*next*/) {
   const int64_t nb = k / 256;
   const int64_t half_bytes = nb * half_kblock_bytes<P>();
   const int64_t x_stride = act_row_bytes(ActFormat::kQ8x256, k);
@@ -593,7 +596,7 @@ void matmul_kquant_batched(const uint8_t* w, size_t w_stride, const uint8_t* x, 
   for (int64_t r0 = 0; r0 < n_rows; r0 += kMatmulPackRows) {
     const int64_t nr = n_rows - r0 < kMatmulPackRows ? n_rows - r0 : kMatmulPackRows;
     pack_weight_kquant<P>(w + r0 * w_stride, w_stride, nr, k, scratch);
-    matmul_kquant_packed<P>(scratch, x, k, nr, n_tokens, y + r0, y_stride);
+    matmul_kquant_packed<P>(scratch, x, k, nr, n_tokens, y + r0, y_stride, nullptr);
   }
 }
 
@@ -710,7 +713,7 @@ void half_q6k_any(int nt, const uint8_t* half, int64_t nb, const uint8_t* x, int
 
 // MatmulPackedFn for Q6_K: `x` is Q8x256 rows.
 void matmul_q6k_packed(const uint8_t* packed, const uint8_t* x, int64_t k, int64_t n_rows,
-                       int64_t n_tokens, float* y, int64_t y_stride) {
+                       int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* /*next*/) {
   const int64_t nb = k / 256;
   const int64_t half_bytes = nb * kHalfQ6Bytes;
   const int64_t x_stride = act_row_bytes(ActFormat::kQ8x256, k);
@@ -751,7 +754,7 @@ void matmul_q6k_batched(const uint8_t* w, size_t w_stride, const uint8_t* x, int
   for (int64_t r0 = 0; r0 < n_rows; r0 += kMatmulPackRows) {
     const int64_t nr = n_rows - r0 < kMatmulPackRows ? n_rows - r0 : kMatmulPackRows;
     pack_weight_q6k(w + r0 * w_stride, w_stride, nr, k, scratch);
-    matmul_q6k_packed(scratch, x, k, nr, n_tokens, y + r0, y_stride);
+    matmul_q6k_packed(scratch, x, k, nr, n_tokens, y + r0, y_stride, nullptr);
   }
 }
 

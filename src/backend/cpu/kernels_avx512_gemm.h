@@ -518,7 +518,7 @@ void pack_weight_q32(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t 
 // MatmulPackedFn: matmul_q32_batched over packed panels.
 template <typename Traits>
 void matmul_q32_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
-                       int64_t n_tokens, float* y, int64_t y_stride) {
+                       int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* /*next*/) {
   const int64_t nb = k / 32;
   const int64_t tile_bytes = nb * TileBlock::kBytes;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {

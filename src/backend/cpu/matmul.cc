@@ -6,7 +6,10 @@
 // Each task runs all tokens of the call over its rows (in token blocks), so a weight
 // chunk is read from memory once per call and then served from cache: decode (1
 // token) is bound by weight bandwidth, prefill and batched decode by the kernels'
-// arithmetic.
+// arithmetic. A task of the panel paths may run from one weight's last rows into the
+// next weight's first, the kernel prefetching the next one's first panel while it
+// reads its own last: a decode job (a MoE layer's experts, q/k/v) then streams its
+// matrices one after another instead of waiting on DRAM at the start of each.
 //
 // Three kernel paths, per weight: a packed copy made at load (prepare_matmul_weight;
 // KernelTable::matmul_packed), else the level's batched kernel for the type, which
@@ -42,17 +45,29 @@ constexpr int64_t kBatchTokenBlock = 240;
 // Panel tasks per thread and job: enough that dynamic scheduling evens out the
 // threads (q/k/v of a 576-wide model are 60 panels: 4 per task on 2 threads).
 constexpr int64_t kPanelTasksPerThread = 8;
+// The same when every panel serves a single token (decode): the job streams its weight
+// bytes, equal bytes take equal time, and each task starts cold (its first panel
+// waits on DRAM: the kernels prefetch ahead only within a task, across its targets),
+// so fewer, longer tasks. On a 2-core AMD EPYC (AVX2) 2 beat 8 by 8-15% on
+// matmul_bench's stream/ cases, 1 was no faster than 2.
+constexpr int64_t kStreamTasksPerThread = 2;
 // Below this many activation values, quantising runs on the calling thread.
 constexpr int64_t kParallelQuantizeValues = 1 << 14;
 
 enum class Path { kPacked, kBatched, kRows };
 
-// One task of a matmul_grouped job: rows [r0, r0 + n_rows) of the target planned at
+// A piece of a matmul_grouped job: rows [r0, r0 + n_rows) of the target planned at
 // plans[target].
-struct MatmulTask {
+struct MatmulSegment {
   int target;
-  Path path;
   int64_t r0, n_rows;
+};
+// One task of the job: segments [first, end) of its list, run in this order. A per-row
+// task is one segment; a panel task may run from the end of one target into the
+// next, so that a thread streams consecutive matrices, each kernel call prefetching
+// the next one's first panel.
+struct MatmulTask {
+  int64_t first, end;
 };
 
 // How one target of a job runs: its group and index there, its kernel path, and its
@@ -284,59 +299,83 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     }
   }
 
-  // 3. Row chunks of every target, one job. Panel paths: chunks of whole panels, sized
-  // over all targets' panels together weighted by their token tiles (a panel's cost
-  // depends on its tokens, not on which weight it belongs to). Per-row kernels:
-  // chunks that stay in L2.
+  // 3. Row chunks of every target, one job. Panel paths: all targets' panels in order,
+  // cut into tasks of about equal cost, a panel's cost its token tiles (it depends on
+  // its tokens, not on which weight it belongs to); a task may span targets. Per-row
+  // kernels: chunks of one target that stay in L2.
   const int64_t n_threads = pool_.n_threads();
   auto token_tiles = [&](const TargetPlan& p) {
     const int64_t n = groups[p.group].n_tokens;
     return tile > 0 ? (n + tile - 1) / tile : n;
   };
   int64_t total_cost = 0;
-  bool need_scratch = false;
+  bool need_scratch = false, single_token = true;
   int64_t max_k = 0;
   for (int i = 0; i < n_plans; ++i) {
     const TargetPlan& p = plans[i];
     if (p.path == Path::kRows) continue;
     total_cost += (groups[p.group].targets[p.target].w->shape[0] + 15) / 16 * token_tiles(p);
+    single_token = single_token && groups[p.group].n_tokens == 1;
     if (p.path == Path::kBatched) {
       need_scratch = true;
       max_k = std::max(max_k, inputs[p.group].k);
     }
   }
+  const int64_t tasks_per_thread = single_token ? kStreamTasksPerThread : kPanelTasksPerThread;
   const int64_t cost_per_task = std::max<int64_t>(
-      1, (total_cost + kPanelTasksPerThread * n_threads - 1) / (kPanelTasksPerThread * n_threads));
-  int64_t max_tasks = 0;
+      1, (total_cost + tasks_per_thread * n_threads - 1) / (tasks_per_thread * n_threads));
+  // Every segment but a target's last holds a whole granule or more.
+  int64_t max_segments = 0;
   for (int i = 0; i < n_plans; ++i) {
-    max_tasks += groups[plans[i].group].targets[plans[i].target].w->shape[0] / kRowGranule + 1;
+    max_segments += groups[plans[i].group].targets[plans[i].target].w->shape[0] / kRowGranule + 1;
   }
-  auto* tasks = matmul_tasks_.get_as<MatmulTask>(static_cast<size_t>(max_tasks));
-  int64_t n_tasks = 0;
-  for (int i = 0; i < n_plans; ++i) {
+  // One buffer: the tasks (at most one per segment), then the segments.
+  static_assert(sizeof(MatmulTask) % alignof(MatmulSegment) == 0);
+  auto* tasks = reinterpret_cast<MatmulTask*>(matmul_tasks_.get(
+      static_cast<size_t>(max_segments) * (sizeof(MatmulTask) + sizeof(MatmulSegment))));
+  auto* segments = reinterpret_cast<MatmulSegment*>(tasks + max_segments);
+  int64_t n_tasks = 0, n_segments = 0, task_cost = 0;
+  for (int i = 0; i < n_plans; ++i) {  // panel tasks
     const TargetPlan& p = plans[i];
+    if (p.path == Path::kRows) continue;
+    const int64_t n = groups[p.group].targets[p.target].w->shape[0], cost = token_tiles(p);
+    for (int64_t r0 = 0; r0 < n;) {
+      if (task_cost == 0) tasks[n_tasks] = {n_segments, n_segments};
+      const int64_t panels = std::max<int64_t>(1, (cost_per_task - task_cost + cost - 1) / cost);
+      const int64_t rows = std::min(panels * kRowGranule, n - r0);
+      segments[n_segments++] = {i, r0, rows};
+      task_cost += (rows + kRowGranule - 1) / kRowGranule * cost;
+      r0 += rows;
+      if (task_cost >= cost_per_task) {
+        tasks[n_tasks++].end = n_segments;
+        task_cost = 0;
+      }
+    }
+  }
+  if (task_cost > 0) tasks[n_tasks++].end = n_segments;
+  for (int i = 0; i < n_plans; ++i) {  // per-row tasks
+    const TargetPlan& p = plans[i];
+    if (p.path != Path::kRows) continue;
     const TensorView& w = *groups[p.group].targets[p.target].w;
     const int64_t n = w.shape[0];
-    int64_t rows_per_task =
-        std::max<int64_t>(1, cost_per_task / std::max<int64_t>(1, token_tiles(p))) * kRowGranule;
-    if (p.path == Path::kRows) {
-      rows_per_task = round_up((n + 4 * n_threads - 1) / (4 * n_threads), kRowGranule);
-      rows_per_task = std::min(
-          rows_per_task, std::max(kRowGranule, kMaxTaskWeightBytes /
-                                                   static_cast<int64_t>(w.row_bytes()) /
-                                                   kRowGranule * kRowGranule));
-    }
+    int64_t rows_per_task = round_up((n + 4 * n_threads - 1) / (4 * n_threads), kRowGranule);
+    rows_per_task = std::min(
+        rows_per_task, std::max(kRowGranule, kMaxTaskWeightBytes /
+                                                 static_cast<int64_t>(w.row_bytes()) /
+                                                 kRowGranule * kRowGranule));
     for (int64_t r0 = 0; r0 < n; r0 += rows_per_task) {
-      tasks[n_tasks++] = {i, p.path, r0, std::min(rows_per_task, n - r0)};
+      tasks[n_tasks++] = {n_segments, n_segments + 1};
+      segments[n_segments++] = {i, r0, std::min(rows_per_task, n - r0)};
     }
   }
   if (need_scratch) {
     const auto scratch_bytes = static_cast<size_t>(matmul_batched_scratch_bytes(max_k));
     for (auto& buf : per_thread_) buf.get(scratch_bytes);  // no allocation inside tasks
   }
-  pool_.run(n_tasks, [&](int64_t task_index, int thread) {
-    const MatmulTask& task = tasks[task_index];
-    const TargetPlan& plan = plans[task.target];
+  // Rows [seg.r0, seg.r0 + seg.n_rows) of one target; `next`: the segment this
+  // thread runs after it, or null.
+  auto run_segment = [&](const MatmulSegment& seg, const MatmulSegment* next, int thread) {
+    const TargetPlan& plan = plans[seg.target];
     const MatmulGroup& group = groups[plan.group];
     const GroupInput& in = inputs[plan.group];
     const MatmulTarget& target = group.targets[plan.target];
@@ -345,7 +384,7 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     float* y = target.y;
     const int type = static_cast<int>(w.dtype);
     const int64_t w_stride = static_cast<int64_t>(w.row_bytes());
-    const uint8_t* wb = w.row(task.r0);
+    const uint8_t* wb = w.row(seg.r0);
     // The batched kernels' activations from token t0 on: tiles, or K-quants' / I8's
     // rows.
     const int fmt = static_cast<int>(act_format_for(w.dtype));
@@ -355,14 +394,24 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       }
       return quantised[fmt] + in.rows_at[fmt] + t0 * in.row_bytes[fmt];
     };
-    switch (task.path) {
+    // Where a packed segment's panels start.
+    auto panels_of = [&](const MatmulSegment& s) {
+      const TargetPlan& p = plans[s.target];
+      const TensorView& ws = *groups[p.group].targets[p.target].w;
+      return p.packed + s.r0 / kMatmulPackRows *
+                            kernels_.packed_layout[static_cast<int>(ws.dtype)].panel_bytes(
+                                inputs[p.group].k);
+    };
+    switch (plan.path) {
       case Path::kPacked: {
-        const uint8_t* panels =
-            plan.packed + task.r0 / kMatmulPackRows * kernels_.packed_layout[type].panel_bytes(k);
+        const uint8_t* panels = panels_of(seg);
+        const uint8_t* next_panels =
+            next != nullptr && plans[next->target].path == Path::kPacked ? panels_of(*next) : nullptr;
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          kernels_.matmul_packed[type](panels, batched_x(t0), k, task.n_rows,
+          const bool last = t0 + kBatchTokenBlock >= n_tokens;
+          kernels_.matmul_packed[type](panels, batched_x(t0), k, seg.n_rows,
                                        std::min(kBatchTokenBlock, n_tokens - t0),
-                                       y + t0 * n + task.r0, n);
+                                       y + t0 * n + seg.r0, n, last ? next_panels : nullptr);
         }
         break;
       }
@@ -370,9 +419,9 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
         uint8_t* scratch = per_thread_[thread].get(
             static_cast<size_t>(matmul_batched_scratch_bytes(max_k)));
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          kernels_.matmul_batched[type](wb, w_stride, batched_x(t0), k, task.n_rows,
+          kernels_.matmul_batched[type](wb, w_stride, batched_x(t0), k, seg.n_rows,
                                         std::min(kBatchTokenBlock, n_tokens - t0),
-                                        y + t0 * n + task.r0, n, scratch);
+                                        y + t0 * n + seg.r0, n, scratch);
         }
         break;
       }
@@ -382,28 +431,34 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
                                       : quantised[fi] + in.rows_at[fi];
         const int64_t row_bytes = fi == 0 ? k * 4 : in.row_bytes[fi];
         if (w.dtype == DType::kF8_E4M3) {
-          const BlockScales scales = w.block_scales.from_row(task.r0);
+          const BlockScales scales = w.block_scales.from_row(seg.r0);
           for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
             kernels_.matmul_f8(wb, w_stride, scales, rows + t0 * row_bytes, row_bytes, k,
-                               task.n_rows, std::min(kTokenBlock, n_tokens - t0),
-                               y + t0 * n + task.r0, n);
+                               seg.n_rows, std::min(kTokenBlock, n_tokens - t0),
+                               y + t0 * n + seg.r0, n);
           }
           break;
         }
         if (w.dtype == DType::kI8) {
           for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-            kernels_.matmul_i8(wb, w_stride, w.row_scales + task.r0, rows + t0 * row_bytes,
-                               row_bytes, k, task.n_rows, std::min(kTokenBlock, n_tokens - t0),
-                               y + t0 * n + task.r0, n);
+            kernels_.matmul_i8(wb, w_stride, w.row_scales + seg.r0, rows + t0 * row_bytes,
+                               row_bytes, k, seg.n_rows, std::min(kTokenBlock, n_tokens - t0),
+                               y + t0 * n + seg.r0, n);
           }
           break;
         }
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-          kernels_.matmul[type](wb, w_stride, rows + t0 * row_bytes, row_bytes, k, task.n_rows,
-                                std::min(kTokenBlock, n_tokens - t0), y + t0 * n + task.r0, n);
+          kernels_.matmul[type](wb, w_stride, rows + t0 * row_bytes, row_bytes, k, seg.n_rows,
+                                std::min(kTokenBlock, n_tokens - t0), y + t0 * n + seg.r0, n);
         }
         break;
       }
+    }
+  };
+  pool_.run(n_tasks, [&](int64_t task_index, int thread) {
+    const MatmulTask& task = tasks[task_index];
+    for (int64_t s = task.first; s < task.end; ++s) {
+      run_segment(segments[s], s + 1 < task.end ? &segments[s + 1] : nullptr, thread);
     }
   });
 

@@ -61,7 +61,7 @@ inline void pack_i8_halves(const uint8_t* w, size_t w_stride, const float* w_sca
 // y[t * y_stride + r] for the half's rows r < n_rows.
 template <int MaxTokens, template <int> class Tile>
 void matmul_i8_packed_halves(const uint8_t* packed, const uint8_t* x, int64_t k, int64_t n_rows, int64_t n_tokens,
-                             float* y, int64_t y_stride) {
+                             float* y, int64_t y_stride, const uint8_t* /*next*/) {
   const int64_t half = i8_half_bytes(k);
   const int64_t x_stride = act_row_bytes(ActFormat::kQ8Token, k);
   const int64_t n_halves = (n_rows + kI8HalfRows - 1) / kI8HalfRows;
