@@ -435,8 +435,11 @@ template <typename P>
 constexpr int64_t half_kblock_bytes() {
   return 1024 + (P::kFifthBit ? 256 : 0) + 64 + 64 + 16 + 16;
 }
-// Tokens per register tile: int16 sums for a sub-block's low and high halves and an
-// int32 sum per token leave room for the weights and broadcasts in 16 registers.
+// Tokens per tile. Q4_K / Q5_K hold a run of weights in registers while each token
+// takes its products (half_kquant_tile), so more tokens only amortise the unpacking;
+// Q6_K's tile keeps int16 sums for a sub-block's low and high halves and an int32 sum
+// per token in registers besides the weights and broadcasts.
+constexpr int kKQuantTokens = 6;
 constexpr int kKTokens = 3;
 
 // Rows' sub-block values (6-bit scales or minima) as int16 pairs: lane r = (v_r, v_r),
@@ -479,38 +482,38 @@ void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t
       const __m256i a = kquant_pairs(mn + 16 * p), c = kquant_pairs(mn + 16 * p + 8);
       pairs[8 + p] = _mm256_blend_epi16(a, c, 0xAA);
     }
+    // Sub-block 2g + part (the low or high nibbles of group g), kSpan vectors at a time:
+    // they are unpacked once into registers and each token in turn takes its products
+    // into one int16 sum (kSpan x 2 x 31 x 127 fits), widened and scaled by the rows'
+    // sub-block scales into its int32 sum. The integers are exact, so their order is
+    // free; registers hold the kSpan weights and a token's sum, whatever NT.
+    constexpr int kSpan = P::kFifthBit ? 4 : 8;
     __m256i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {
-      __m256i h4[8];
-      if constexpr (P::kFifthBit) {
-        for (int i = 0; i < 8; ++i) {
-          h4[i] = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * i)), 2 * g);
-        }
-      }
-      for (int half_i = 0; half_i < (P::kFifthBit ? 2 : 1); ++half_i) {
-        constexpr int kSpan = P::kFifthBit ? 4 : 8;  // vectors per int16 run
-        __m256i lo16[NT], hi16[NT];
-        for (int t = 0; t < NT; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
-        for (int j = 0; j < kSpan; ++j) {
-          const int i = half_i * kSpan + j;
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * g + i)));
-          __m256i lo = _mm256_and_si256(q, low4);
-          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-          if constexpr (P::kFifthBit) {
-            const __m256i one = _mm256_set1_epi8(1);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(h4[i], one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h4[i], 1), one), 4));
+      for (int part = 0; part < 2; ++part) {
+        for (int run = 0; run < 8 / kSpan; ++run) {
+          __m256i u[kSpan];
+          for (int j = 0; j < kSpan; ++j) {
+            const int i = run * kSpan + j;
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * g + i)));
+            __m256i v = _mm256_and_si256(part == 0 ? q : _mm256_srli_epi16(q, 4), low4);
+            if constexpr (P::kFifthBit) {  // bit 2g + part of the row's qh byte
+              const __m256i h = _mm256_srli_epi16(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * i)), 2 * g + part);
+              v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(1)), 4));
+            }
+            u[j] = v;
           }
           for (int t = 0; t < NT; ++t) {
-            const uint8_t* xq = reinterpret_cast<const uint8_t*>(xr[t].qs) + 256 * b + 64 * g + 4 * i;
-            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, bcast_i32(xq)));
-            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, bcast_i32(xq + 32)));
+            const uint8_t* xq = reinterpret_cast<const uint8_t*>(xr[t].qs) + 256 * b + 64 * g + 32 * part +
+                                4 * run * kSpan;
+            __m256i p16 = _mm256_maddubs_epi16(u[0], bcast_i32(xq));
+            for (int j = 1; j < kSpan; ++j) {
+              p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(u[j], bcast_i32(xq + 4 * j)));
+            }
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p16, pairs[2 * g + part]));
           }
-        }
-        for (int t = 0; t < NT; ++t) {
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(lo16[t], pairs[2 * g]));
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(hi16[t], pairs[2 * g + 1]));
         }
       }
     }
@@ -559,9 +562,9 @@ void matmul_kquant_packed(const uint8_t* packed, const uint8_t* x, int64_t k, in
   const int64_t n_halves = (n_rows + kHalfRows - 1) / kHalfRows;
   for (int64_t h = 0; h < n_halves; ++h) {
     const int nr = static_cast<int>(n_rows - h * kHalfRows < kHalfRows ? n_rows - h * kHalfRows : kHalfRows);
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kKTokens) {
-      const int nt = static_cast<int>(n_tokens - t0 < kKTokens ? n_tokens - t0 : kKTokens);
-      half_kquant_any<P, kKTokens>(nt, packed + h * half_bytes, nb, x + t0 * x_stride, x_stride,
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kKQuantTokens) {
+      const int nt = static_cast<int>(n_tokens - t0 < kKQuantTokens ? n_tokens - t0 : kKQuantTokens);
+      half_kquant_any<P, kKQuantTokens>(nt, packed + h * half_bytes, nb, x + t0 * x_stride, x_stride,
                                    y + t0 * y_stride + h * kHalfRows, y_stride, nr);
     }
   }
