@@ -10,7 +10,6 @@ The helpers only need a server's `base_url`: a running `dserve serve`
 """
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import threading
@@ -20,17 +19,12 @@ import pytest
 from aiohttp import web
 
 from conftest import run
+from server_util import free_port
 
 # What the client measured vs. what the server saw, per request: the loopback round trip
 # plus the client's wake-up lateness, which a loaded machine stretches past 2 ms (seen
 # in CI); 5 ms still tells a delay counted from the wrong moment (>= 20 ms off).
 TOL_MS = 5.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ScriptedServer:

@@ -53,9 +53,10 @@ namespace dserve::cpu {
 namespace {
 
 constexpr int kHalfRows = 8;
-// Tokens per tile: with 16 registers, kGemmTokens int16/int32 sums and as many float
-// accumulators, plus the weight vector, a broadcast and two constants.
-constexpr int kGemmTokens = 6;
+// Tokens per tile. The float accumulators live in memory (half_tile) and a block's
+// weights in registers while each token takes its products (half_grouped_block), so
+// the registers do not bound it; 8 tokens amortise a block's unpacking.
+constexpr int kGemmTokens = 8;
 
 struct HalfQ8_0 {
   using Block = block_q8_0;
@@ -143,55 +144,62 @@ inline __m256 bcast_f32(const uint8_t* p) {
 // are left, and adds a shorter tail block by block (its single()).
 inline int64_t half_grouped_blocks(int64_t nb) { return nb % 8 >= 4 ? nb : nb - nb % 8; }
 
-// The exact integer dots of block b for NT tokens, one int32 lane per row.
-template <typename P, int NT>
-inline void block_dots(const HalfPanel<P>& panel, int64_t b, const uint8_t* xb, __m256i (&dot)[NT]) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (P::kNibbles) {
-    __m256i p16[NT];
-    for (int t = 0; t < NT; ++t) p16[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) {
-      const __m256i u = panel.group(b, g);
-      for (int t = 0; t < NT; ++t) {
-        p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(u, bcast_i32(HalfTileBlock::qs(xb, g, t))));
-      }
-    }
-    for (int t = 0; t < NT; ++t) {
-      dot[t] = _mm256_madd_epi16(p16[t], ones);
-      if constexpr (P::kOffsetIndex >= 0) {
-        dot[t] = _mm256_add_epi32(dot[t], bcast_i32(HalfTileBlock::offset(xb, P::kOffsetIndex, t)));
-      }
-    }
-  } else {
-    for (int t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) {
-      const __m256i w = panel.group(b, g);
-      const __m256i wa = _mm256_sign_epi8(w, w);
-      for (int t = 0; t < NT; ++t) {
-        const __m256i xs = _mm256_sign_epi8(bcast_i32(HalfTileBlock::qs(xb, g, t)), w);
-        dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones));
-      }
-    }
-  }
-}
-
 // Adds grouped block b for NT tokens to acc (lane b % 8 of Q32Kernel::group):
-// acc = fma(dot, d_w d_x, acc), then for Q4_1 acc = fma(m_w, s_x, acc).
+// acc = fma(dot, d_w d_x, acc), then for Q4_1 acc = fma(m_w, s_x, acc), where dot is
+// the block's exact integer dot, one int32 lane per row.
+//
+// Q4: the block's 8 weight vectors are unpacked once into registers and each token in
+// turn takes its 8 products into one int16 sum, so the registers hold 8 weights, a sum
+// and a broadcast whatever NT (summing all tokens at once, group by group, needs NT
+// sums live besides the weights and spilled at NT = 6).
+// Q8_0: |w| times the activations with w's sign, each group widened to int32 on its
+// own (pairs reach 32512); the same token by token order.
 template <typename P, int NT>
 inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8_t* xb,
                                __m256 (&acc)[NT]) {
-  __m256i dot[NT];
-  block_dots<P, NT>(panel, b, xb, dot);
+  const __m256i ones = _mm256_set1_epi16(1);
   const __m256 d = panel.scale_d(b);
-  for (int t = 0; t < NT; ++t) {
-    const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
-    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale, acc[t]);
-  }
-  if constexpr (P::kHasMin) {
-    const __m256 m = panel.scale_m(b);
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(m, bcast_f32(HalfTileBlock::s(xb, t)), acc[t]);
+  if constexpr (P::kNibbles) {
+    __m256i u[8];
+    for (int g = 0; g < 8; ++g) u[g] = panel.group(b, g);
+    for (int t = 0; t < NT; ++t) {
+      __m256i p16 = _mm256_maddubs_epi16(u[0], bcast_i32(HalfTileBlock::qs(xb, 0, t)));
+#pragma GCC unroll 7
+      for (int g = 1; g < 8; ++g) {
+        p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(u[g], bcast_i32(HalfTileBlock::qs(xb, g, t))));
+      }
+      __m256i dot = _mm256_madd_epi16(p16, ones);
+      if constexpr (P::kOffsetIndex >= 0) {
+        dot = _mm256_add_epi32(dot, bcast_i32(HalfTileBlock::offset(xb, P::kOffsetIndex, t)));
+      }
+      const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
+      if constexpr (P::kHasMin) {
+        acc[t] = _mm256_fmadd_ps(panel.scale_m(b), bcast_f32(HalfTileBlock::s(xb, t)), acc[t]);
+      }
+    }
+  } else {
+    // |w| of the block's 8 groups in registers; w itself, needed only for its signs,
+    // is read again from L1 as a memory operand (through a pointer the compiler cannot
+    // tie to the first read, or it would keep 8 more registers and spill).
+    __m256i wa[8];
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = panel.group(b, g);
+      wa[g] = _mm256_sign_epi8(w, w);
+    }
+    const uint8_t* w_again = panel.w + b * P::kGroupBytes;
+    __asm__("" : "+r"(w_again));
+    for (int t = 0; t < NT; ++t) {
+      __m256i dot = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_again + 32 * g));
+        const __m256i xs = _mm256_sign_epi8(bcast_i32(HalfTileBlock::qs(xb, g, t)), w);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[g], xs), ones));
+      }
+      const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
+    }
   }
 }
 
@@ -248,19 +256,21 @@ inline void half_store(__m256 (*acc8)[NT], float* y, int64_t y_stride, int n_row
 // y[t * y_stride + r] = row r of the half panel . token t of the activation tile, for
 // t < NT and r < n_rows. `next` (or null): the half panel read after this one, whose
 // blocks are prefetched as this one's are read.
+//
+// Blocks go in order, each adding to its lane's float accumulators in memory (acc8[b %
+// 8], one load and store per block and token), which leaves the registers to the
+// block's integer work. A lane still adds its blocks in Q32Kernel's order.
 template <typename P, int NT>
 void half_tile(const HalfPanel<P>& panel, const HalfPanel<P>* next, int64_t nb,
                const uint8_t* tile, float* y, int64_t y_stride, int n_rows) {
   __m256 acc8[8][NT];
+  for (int lane = 0; lane < 8; ++lane) {
+    for (int t = 0; t < NT; ++t) acc8[lane][t] = _mm256_setzero_ps();
+  }
   const int64_t n_grouped = half_grouped_blocks(nb);
-  for (int lane = 0; lane < 8; ++lane) {  // the chain of blocks lane, lane + 8, ...
-    __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = lane; b < n_grouped; b += 8) {
-      if (next != nullptr) next->prefetch_block(b);
-      half_grouped_block<P, NT>(panel, b, tile + b * HalfTileBlock::kBytes, acc);
-    }
-    for (int t = 0; t < NT; ++t) acc8[lane][t] = acc[t];
+  for (int64_t b = 0; b < n_grouped; ++b) {
+    if (next != nullptr) next->prefetch_block(b);
+    half_grouped_block<P, NT>(panel, b, tile + b * HalfTileBlock::kBytes, acc8[b % 8]);
   }
   for (int64_t b = n_grouped; b < nb; ++b) {
     if (next != nullptr) next->prefetch_block(b);
@@ -428,9 +438,10 @@ template <typename P>
 constexpr int64_t half_kblock_bytes() {
   return 1024 + (P::kFifthBit ? 256 : 0) + 64 + 64 + 16 + 16;
 }
-// Tokens per register tile: int16 sums for a sub-block's low and high halves and an
-// int32 sum per token leave room for the weights and broadcasts in 16 registers.
-constexpr int kKTokens = 3;
+// Tokens per tile. The kernels hold a run of unpacked weights in registers while each
+// token takes its products (its int32 sums may spill: they are touched once per run),
+// so more tokens amortise the unpacking; 6 measured faster than 3 for all three types.
+constexpr int kKTokens = 6;
 
 // Rows' sub-block values (6-bit scales or minima) as int16 pairs: lane r = (v_r, v_r),
 // the form vpmaddwd wants against int16 pairs of one row.
@@ -472,38 +483,38 @@ void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t
       const __m256i a = kquant_pairs(mn + 16 * p), c = kquant_pairs(mn + 16 * p + 8);
       pairs[8 + p] = _mm256_blend_epi16(a, c, 0xAA);
     }
+    // Sub-block 2g + part (the low or high nibbles of group g), kSpan vectors at a time:
+    // they are unpacked once into registers and each token in turn takes its products
+    // into one int16 sum (kSpan x 2 x 31 x 127 fits), widened and scaled by the rows'
+    // sub-block scales into its int32 sum. The integers are exact, so their order is
+    // free; registers hold the kSpan weights and a token's sum, whatever NT.
+    constexpr int kSpan = P::kFifthBit ? 4 : 8;
     __m256i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {
-      __m256i h4[8];
-      if constexpr (P::kFifthBit) {
-        for (int i = 0; i < 8; ++i) {
-          h4[i] = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * i)), 2 * g);
-        }
-      }
-      for (int half_i = 0; half_i < (P::kFifthBit ? 2 : 1); ++half_i) {
-        constexpr int kSpan = P::kFifthBit ? 4 : 8;  // vectors per int16 run
-        __m256i lo16[NT], hi16[NT];
-        for (int t = 0; t < NT; ++t) lo16[t] = hi16[t] = _mm256_setzero_si256();
-        for (int j = 0; j < kSpan; ++j) {
-          const int i = half_i * kSpan + j;
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * g + i)));
-          __m256i lo = _mm256_and_si256(q, low4);
-          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-          if constexpr (P::kFifthBit) {
-            const __m256i one = _mm256_set1_epi8(1);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(h4[i], one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h4[i], 1), one), 4));
+      for (int part = 0; part < 2; ++part) {
+        for (int run = 0; run < 8 / kSpan; ++run) {
+          __m256i u[kSpan];
+          for (int j = 0; j < kSpan; ++j) {
+            const int i = run * kSpan + j;
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * g + i)));
+            __m256i v = _mm256_and_si256(part == 0 ? q : _mm256_srli_epi16(q, 4), low4);
+            if constexpr (P::kFifthBit) {  // bit 2g + part of the row's qh byte
+              const __m256i h = _mm256_srli_epi16(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * i)), 2 * g + part);
+              v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(1)), 4));
+            }
+            u[j] = v;
           }
           for (int t = 0; t < NT; ++t) {
-            const uint8_t* xq = reinterpret_cast<const uint8_t*>(xr[t].qs) + 256 * b + 64 * g + 4 * i;
-            lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, bcast_i32(xq)));
-            hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, bcast_i32(xq + 32)));
+            const uint8_t* xq = reinterpret_cast<const uint8_t*>(xr[t].qs) + 256 * b + 64 * g + 32 * part +
+                                4 * run * kSpan;
+            __m256i p16 = _mm256_maddubs_epi16(u[0], bcast_i32(xq));
+            for (int j = 1; j < kSpan; ++j) {
+              p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(u[j], bcast_i32(xq + 4 * j)));
+            }
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p16, pairs[2 * g + part]));
           }
-        }
-        for (int t = 0; t < NT; ++t) {
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(lo16[t], pairs[2 * g]));
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(hi16[t], pairs[2 * g + 1]));
         }
       }
     }
