@@ -40,10 +40,17 @@ def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, check=True, **kw)
 
 
-def machine_limits(build, threads):
-    out = run([str(build / "bench" / "machine_limits"), "--threads", str(threads)]).stdout
-    f = dict(kv.split("=") for kv in out.split())
-    return float(f["dram_read_GBps"]), float(f["int8_peak_GMACps"]), f["int8_insn"]
+def machine_limits(build, threads, tries=3):
+    """(DRAM GB/s, int8 GMAC/s, instruction) at `threads`: the best of `tries` runs, as
+    anything else on a shared machine only lowers them (one disturbed run would skew
+    every "% of limit" figure)."""
+    best = None
+    for _ in range(tries):
+        out = run([str(build / "bench" / "machine_limits"), "--threads", str(threads)]).stdout
+        f = dict(kv.split("=") for kv in out.split())
+        got = (float(f["dram_read_GBps"]), float(f["int8_peak_GMACps"]), f["int8_insn"])
+        best = got if best is None else (max(best[0], got[0]), max(best[1], got[1]), got[2])
+    return best
 
 
 def active_macs_per_token(path):
