@@ -498,43 +498,38 @@ TEST_P(BackendOpsTest, MatmulManyEqualsOneByOne) {
   }
 }
 
-TEST_P(BackendOpsTest, MatmulGroupedEqualsOneByOne) {
-  // Groups with inputs of their own (a MoE layer's experts): row lengths, token
-  // counts (one, none, more than a tile) and types that differ between groups, some
-  // weights prepared; each output as its own matmul gives it, bit for bit.
-  struct Spec {
-    DType t;
-    int64_t n, k, n_tokens;
-    bool prepare;
-  };
-  const std::vector<Spec> specs = {
-      {DType::kQ8_0, 40, 256, 1, true},  {DType::kQ4_1, 33, 256, 13, true},
-      {DType::kQ4_0, 16, 96, 0, false},  {DType::kQ4_K, 20, 512, 3, false},
-      {DType::kQ4_1, 70, 576, 2, false}, {DType::kF32, 9, 64, 5, false},
-      {DType::kQ8_0, 17, 96, 31, false}};
+// One group of matmul_grouped: a weight, its own input of n_tokens tokens.
+struct GroupSpec {
+  DType t;
+  int64_t n, k, n_tokens;
+  bool prepare;  // the weight packed at load (prepare_matmul_weight)
+};
+
+// matmul_grouped over `specs` gives each output as its own matmul does, bit for bit.
+void check_grouped_matmul(Backend& backend, const std::vector<GroupSpec>& specs, std::mt19937& rng) {
   std::vector<std::vector<uint8_t>> wbytes;
   std::vector<TensorView> ws;
   std::vector<std::vector<float>> xs, want, got;
-  for (const Spec& s : specs) {
-    wbytes.push_back(random_weights(s.t, s.n, s.k, rng_));
-    xs.push_back(random_floats(std::max<int64_t>(s.n_tokens, 1) * s.k, rng_));
+  for (const GroupSpec& s : specs) {
+    wbytes.push_back(random_weights(s.t, s.n, s.k, rng));
+    xs.push_back(random_floats(std::max<int64_t>(s.n_tokens, 1) * s.k, rng));
     want.emplace_back(s.n_tokens * s.n);
     got.emplace_back(s.n_tokens * s.n, NAN);
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     ws.push_back({specs[i].t, {specs[i].n, specs[i].k}, wbytes[i].data(), wbytes[i].size()});
-    if (specs[i].prepare) backend_->prepare_matmul_weight(ws[i]);
+    if (specs[i].prepare) backend.prepare_matmul_weight(ws[i]);
   }
   std::vector<MatmulTarget> targets(specs.size());
   std::vector<MatmulGroup> groups(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     if (specs[i].n_tokens > 0) {
-      backend_->matmul(ws[i], nullptr, xs[i].data(), specs[i].n_tokens, want[i].data());
+      backend.matmul(ws[i], nullptr, xs[i].data(), specs[i].n_tokens, want[i].data());
     }
     targets[i] = {&ws[i], nullptr, got[i].data()};
     groups[i] = {xs[i].data(), specs[i].n_tokens, &targets[i], 1};
   }
-  backend_->matmul_grouped(groups.data(), static_cast<int>(groups.size()));
+  backend.matmul_grouped(groups.data(), static_cast<int>(groups.size()));
   for (size_t i = 0; i < specs.size(); ++i) {
     if (want[i].empty()) continue;  // the group without tokens: nothing to compare
     EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
@@ -542,45 +537,30 @@ TEST_P(BackendOpsTest, MatmulGroupedEqualsOneByOne) {
   }
 }
 
+TEST_P(BackendOpsTest, MatmulGroupedEqualsOneByOne) {
+  // Groups with inputs of their own (a MoE layer's experts): row lengths, token
+  // counts (one, none, more than a tile) and types that differ between groups, some
+  // weights prepared.
+  check_grouped_matmul(*backend_,
+                       {{DType::kQ8_0, 40, 256, 1, true},  {DType::kQ4_1, 33, 256, 13, true},
+                        {DType::kQ4_0, 16, 96, 0, false},  {DType::kQ4_K, 20, 512, 3, false},
+                        {DType::kQ4_1, 70, 576, 2, false}, {DType::kF32, 9, 64, 5, false},
+                        {DType::kQ8_0, 17, 96, 31, false}},
+                       rng_);
+}
+
 TEST_P(BackendOpsTest, MatmulGroupedDecodeEqualsOneByOne) {
   // A decode step's grouped job (one token per group: a MoE layer's experts): its
   // tasks run across the ends of targets into the next, each kernel prefetching the
   // next target's panels, which may have another row length or type or no packed
-  // form. Each output as its own matmul gives it, bit for bit.
-  struct Spec {
-    DType t;
-    int64_t n, k;
-    bool prepare;
-  };
-  const std::vector<Spec> specs = {
-      {DType::kQ8_0, 40, 256, true},  {DType::kQ8_0, 64, 512, true},  {DType::kQ4_1, 33, 256, true},
-      {DType::kQ4_K, 20, 512, true},  {DType::kQ4_0, 17, 96, false},  {DType::kF32, 9, 64, false},
-      {DType::kQ4_0, 48, 1024, true}, {DType::kQ6_K, 16, 256, true},  {DType::kQ8_0, 1, 64, true}};
-  std::vector<std::vector<uint8_t>> wbytes;
-  std::vector<TensorView> ws;
-  std::vector<std::vector<float>> xs, want, got;
-  for (const Spec& s : specs) {
-    wbytes.push_back(random_weights(s.t, s.n, s.k, rng_));
-    xs.push_back(random_floats(s.k, rng_));
-    want.emplace_back(s.n);
-    got.emplace_back(s.n, NAN);
-  }
-  for (size_t i = 0; i < specs.size(); ++i) {
-    ws.push_back({specs[i].t, {specs[i].n, specs[i].k}, wbytes[i].data(), wbytes[i].size()});
-    if (specs[i].prepare) backend_->prepare_matmul_weight(ws[i]);
-  }
-  std::vector<MatmulTarget> targets(specs.size());
-  std::vector<MatmulGroup> groups(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    backend_->matmul(ws[i], nullptr, xs[i].data(), 1, want[i].data());
-    targets[i] = {&ws[i], nullptr, got[i].data()};
-    groups[i] = {xs[i].data(), 1, &targets[i], 1};
-  }
-  backend_->matmul_grouped(groups.data(), static_cast<int>(groups.size()));
-  for (size_t i = 0; i < specs.size(); ++i) {
-    EXPECT_EQ(std::memcmp(want[i].data(), got[i].data(), want[i].size() * 4), 0)
-        << "group " << i << " " << dtype_name(specs[i].t);
-  }
+  // form.
+  check_grouped_matmul(*backend_,
+                       {{DType::kQ8_0, 40, 256, 1, true},  {DType::kQ8_0, 64, 512, 1, true},
+                        {DType::kQ4_1, 33, 256, 1, true},  {DType::kQ4_K, 20, 512, 1, true},
+                        {DType::kQ4_0, 17, 96, 1, false},  {DType::kF32, 9, 64, 1, false},
+                        {DType::kQ4_0, 48, 1024, 1, true}, {DType::kQ6_K, 16, 256, 1, true},
+                        {DType::kQ8_0, 1, 64, 1, true}},
+                       rng_);
 }
 
 TEST_P(BackendOpsTest, MatmulManyRows) {
