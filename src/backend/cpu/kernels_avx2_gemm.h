@@ -162,6 +162,7 @@ inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8
   if constexpr (P::kNibbles) {
     __m256i u[8];
     for (int g = 0; g < 8; ++g) u[g] = panel.group(b, g);
+    const __m256 m = P::kHasMin ? panel.scale_m(b) : _mm256_setzero_ps();
     for (int t = 0; t < NT; ++t) {
       __m256i p16 = _mm256_maddubs_epi16(u[0], bcast_i32(HalfTileBlock::qs(xb, 0, t)));
 #pragma GCC unroll 7
@@ -175,7 +176,7 @@ inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8
       const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
       if constexpr (P::kHasMin) {
-        acc[t] = _mm256_fmadd_ps(panel.scale_m(b), bcast_f32(HalfTileBlock::s(xb, t)), acc[t]);
+        acc[t] = _mm256_fmadd_ps(m, bcast_f32(HalfTileBlock::s(xb, t)), acc[t]);
       }
     }
   } else {

@@ -48,8 +48,9 @@ constexpr int64_t kPanelTasksPerThread = 8;
 // The same when every panel serves a single token (decode): the job streams its weight
 // bytes, equal bytes take equal time, and each task starts cold (its first panel
 // waits on DRAM: the kernels prefetch ahead only within a task, across its targets),
-// so fewer, longer tasks. On a 2-core AMD EPYC (AVX2) 2 beat 8 by 8-15% on
-// matmul_bench's stream/ cases, 1 was no faster than 2.
+// so fewer, longer tasks. On a 2-core AMD EPYC (AVX2), with the prefetch across
+// targets, 2 beat the former 8 by 9-13% on matmul_bench's stream/ cases and 1 was no
+// faster than 2; end to end the two were level within that VM's noise.
 constexpr int64_t kStreamTasksPerThread = 2;
 // Below this many activation values, quantising runs on the calling thread.
 constexpr int64_t kParallelQuantizeValues = 1 << 14;
