@@ -343,6 +343,52 @@ TEST(CpuKernelsTest, BatchedKQuantMatmulEqualsPerRowKernels) {
   }
 }
 
+TEST(CpuKernelsTest, KQuantPackedKernelsAgreeAcrossX86Levels) {
+  // AVX-512's K-quant panels (16 rows, vpdpbusd) and AVX2's (8-row halves, vpmaddubsw)
+  // compute the same exact integer sums and then the same float operations per row and
+  // token: the same bits, through matmul_packed on weights packed by each level, for
+  // row counts around both panel heights and token counts around both tiles. Needs a
+  // machine with both levels.
+  const std::vector<CpuIsa> isas = cpu::supported_isas();
+  if (std::find(isas.begin(), isas.end(), CpuIsa::kAvx512) == isas.end()) {
+    GTEST_SKIP() << "needs an AVX-512 machine";
+  }
+  const cpu::KernelTable& a = cpu::kernels_for(CpuIsa::kAvx2);
+  const cpu::KernelTable& b = cpu::kernels_for(CpuIsa::kAvx512);
+  std::mt19937 rng(11);
+  auto run = [](const cpu::KernelTable& kt, DType t, const std::vector<uint8_t>& w, const uint8_t* rows,
+                int64_t n, int64_t k, int64_t n_tokens) {
+    const int ti = static_cast<int>(t);
+    const int64_t n_panels = (n + cpu::kMatmulPackRows - 1) / cpu::kMatmulPackRows;
+    std::vector<uint8_t> packed(n_panels * kt.packed_layout[ti].panel_bytes(k) + 64);
+    uint8_t* aligned = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64);
+    kt.pack_weight[ti](w.data(), dtype_bytes(t, k), n, k, aligned);
+    std::vector<float> y(n_tokens * n, NAN);
+    kt.matmul_packed[ti](aligned, rows, k, n, n_tokens, y.data(), n, nullptr);
+    return y;
+  };
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    ASSERT_NE(a.matmul_packed[static_cast<int>(t)], nullptr);
+    ASSERT_NE(b.matmul_packed[static_cast<int>(t)], nullptr);
+    for (int64_t k : {256, 768}) {
+      for (int64_t n : {1, 8, 9, 16, 17, 40}) {
+        for (int64_t n_tokens : {1, 6, 7, 8, 9, 19}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " k=" + std::to_string(k) + " n=" + std::to_string(n) +
+                       " tokens=" + std::to_string(n_tokens));
+          std::vector<uint8_t> w = random_weights(t, n, k, rng);
+          std::vector<float> x = random_floats(n_tokens * k, rng);
+          const int64_t x_stride = cpu::act_row_bytes(cpu::ActFormat::kQ8x256, k);
+          std::vector<uint8_t> rows(x_stride * n_tokens);
+          for (int64_t i = 0; i < n_tokens; ++i) a.quantize_q8x256(x.data() + i * k, k, rows.data() + i * x_stride);
+          const std::vector<float> want = run(a, t, w, rows.data(), n, k, n_tokens);
+          const std::vector<float> got = run(b, t, w, rows.data(), n, k, n_tokens);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuKernelsTest, PackedMatmulEqualsPerRowKernels) {
   // Weights packed at load (KernelTable::pack_weight) through matmul_packed, and
   // activations quantised straight into tiles, against the per-row kernels on the

@@ -518,14 +518,19 @@ void pack_weight_q32(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t 
 // MatmulPackedFn: matmul_q32_batched over packed panels.
 template <typename Traits>
 void matmul_q32_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
-                       int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* /*next*/) {
+                       int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* next_matrix) {
   const int64_t nb = k / 32;
   const int64_t tile_bytes = nb * TileBlock::kBytes;
   for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
     const int nr = static_cast<int>(n_rows - r0 < kPanelRows ? n_rows - r0 : kPanelRows);
     const __mmask16 store_mask = static_cast<__mmask16>((1u << nr) - 1);
     const uint8_t* p = packed + r0 / kPanelRows * nb * Traits::kPackedBlockBytes;
-    const PackedPanel<Traits> panel{p, p + nb * Traits::kPackedBlockBytes};
+    // The last panel prefetches the matrix this thread reads next, where there is one
+    // (else the bytes after this matrix: a prefetch never faults).
+    const bool last = r0 + kPanelRows >= n_rows;
+    const uint8_t* next =
+        last && next_matrix != nullptr ? next_matrix : p + nb * Traits::kPackedBlockBytes;
+    const PackedPanel<Traits> panel{p, next};
     if (n_tokens == 1) {
       panel_single<Traits>(panel, nb, x_tiles, y + r0, store_mask);
       continue;
