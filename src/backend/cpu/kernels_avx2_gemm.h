@@ -453,19 +453,22 @@ inline __m256i kquant_pairs(const uint8_t* v8) {
   return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
 }
 
-// Prefetches the block `ahead` super-blocks past `blk` (bytes `bytes` each). The packed
+// Prefetches the super-block two past block b of a half (`bytes` each). The packed
 // halves of a matrix are consecutive, so near a half's end this reaches into the next
-// one, which is read right after; past the matrix's end a prefetch does nothing. The
-// hardware prefetcher alone leaves the K-quant kernels, which spend more instructions
-// per byte than Q8_0's, waiting on DRAM for much of a decode.
-inline void prefetch_kblock(const uint8_t* blk, int64_t bytes, int ahead) {
-  const uint8_t* p = blk + ahead * bytes;
+// one, which is read right after; from the matrix's last half it reaches into `next`
+// (the matrix the thread reads next, or null: then past the end, where a prefetch does
+// nothing). The hardware prefetcher alone leaves the K-quant kernels, which spend more
+// instructions per byte than Q8_0's, waiting on DRAM for much of a decode.
+inline void prefetch_kblock(const uint8_t* half, int64_t b, int64_t nb, int64_t bytes, const uint8_t* next) {
+  constexpr int kAhead = 2;
+  const uint8_t* p = half + (b + kAhead) * bytes;
+  if (b + kAhead >= nb && next != nullptr) p = next + (b + kAhead - nb) * bytes;
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
 }
 
 template <typename P, int NT>
 void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride,
-                      float* y, int64_t y_stride, int n_rows) {
+                      float* y, int64_t y_stride, int n_rows, const uint8_t* next) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   Q8x256Row xr[NT];
   for (int t = 0; t < NT; ++t) xr[t] = q8x256_row(x + t * x_stride, nb * 256);
@@ -473,7 +476,7 @@ void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = half + b * half_kblock_bytes<P>();
-    if constexpr (NT == 1) prefetch_kblock(blk, half_kblock_bytes<P>(), 2);
+    if constexpr (NT == 1) prefetch_kblock(half, b, nb, half_kblock_bytes<P>(), next);
     const uint8_t* qh = blk + 1024;
     const uint8_t* sc = blk + 1024 + (P::kFifthBit ? 256 : 0);
     const uint8_t* mn = sc + 64;
@@ -544,12 +547,12 @@ void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t
 
 template <typename P, int NT>
 void half_kquant_any(int nt, const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride,
-                     float* y, int64_t y_stride, int n_rows) {
+                     float* y, int64_t y_stride, int n_rows, const uint8_t* next) {
   if constexpr (NT >= 1) {
     if (nt == NT) {
-      half_kquant_tile<P, NT>(half, nb, x, x_stride, y, y_stride, n_rows);
+      half_kquant_tile<P, NT>(half, nb, x, x_stride, y, y_stride, n_rows, next);
     } else {
-      half_kquant_any<P, NT - 1>(nt, half, nb, x, x_stride, y, y_stride, n_rows);
+      half_kquant_any<P, NT - 1>(nt, half, nb, x, x_stride, y, y_stride, n_rows, next);
     }
   }
 }
@@ -557,7 +560,7 @@ void half_kquant_any(int nt, const uint8_t* half, int64_t nb, const uint8_t* x, 
 // MatmulPackedFn for Q4_K / Q5_K: `x` is Q8x256 rows.
 template <typename P>
 void matmul_kquant_packed(const uint8_t* packed, const uint8_t* x, int64_t k, int64_t n_rows,
-                          int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* /*next*/) {
+                          int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* next_matrix) {
   const int64_t nb = k / 256;
   const int64_t half_bytes = nb * half_kblock_bytes<P>();
   const int64_t x_stride = act_row_bytes(ActFormat::kQ8x256, k);
@@ -567,7 +570,8 @@ void matmul_kquant_packed(const uint8_t* packed, const uint8_t* x, int64_t k, in
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kKTokens) {
       const int nt = static_cast<int>(n_tokens - t0 < kKTokens ? n_tokens - t0 : kKTokens);
       half_kquant_any<P, kKTokens>(nt, packed + h * half_bytes, nb, x + t0 * x_stride, x_stride,
-                                   y + t0 * y_stride + h * kHalfRows, y_stride, nr);
+                                   y + t0 * y_stride + h * kHalfRows, y_stride, nr,
+                                   h + 1 == n_halves ? next_matrix : nullptr);
     }
   }
 }
@@ -646,7 +650,7 @@ inline __m256i signed_pairs(const uint8_t* v8) {
 
 template <int NT>
 void half_q6k_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride, float* y,
-                   int64_t y_stride, int n_rows) {
+                   int64_t y_stride, int n_rows, const uint8_t* next) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i three = _mm256_set1_epi8(0x03);
   Q8x256Row xr[NT];
@@ -655,7 +659,7 @@ void half_q6k_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* ql = half + b * kHalfQ6Bytes;
-    if constexpr (NT == 1) prefetch_kblock(ql, kHalfQ6Bytes, 2);
+    if constexpr (NT == 1) prefetch_kblock(half, b, nb, kHalfQ6Bytes, next);
     const uint8_t* qh = ql + 1024;
     const uint8_t* sc = qh + 512;
     const uint8_t* dd = sc + 128;
@@ -713,19 +717,19 @@ void half_q6k_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_
 
 template <int NT>
 void half_q6k_any(int nt, const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride,
-                  float* y, int64_t y_stride, int n_rows) {
+                  float* y, int64_t y_stride, int n_rows, const uint8_t* next) {
   if constexpr (NT >= 1) {
     if (nt == NT) {
-      half_q6k_tile<NT>(half, nb, x, x_stride, y, y_stride, n_rows);
+      half_q6k_tile<NT>(half, nb, x, x_stride, y, y_stride, n_rows, next);
     } else {
-      half_q6k_any<NT - 1>(nt, half, nb, x, x_stride, y, y_stride, n_rows);
+      half_q6k_any<NT - 1>(nt, half, nb, x, x_stride, y, y_stride, n_rows, next);
     }
   }
 }
 
 // MatmulPackedFn for Q6_K: `x` is Q8x256 rows.
 void matmul_q6k_packed(const uint8_t* packed, const uint8_t* x, int64_t k, int64_t n_rows,
-                       int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* /*next*/) {
+                       int64_t n_tokens, float* y, int64_t y_stride, const uint8_t* next_matrix) {
   const int64_t nb = k / 256;
   const int64_t half_bytes = nb * kHalfQ6Bytes;
   const int64_t x_stride = act_row_bytes(ActFormat::kQ8x256, k);
@@ -735,7 +739,8 @@ void matmul_q6k_packed(const uint8_t* packed, const uint8_t* x, int64_t k, int64
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kKTokens) {
       const int nt = static_cast<int>(n_tokens - t0 < kKTokens ? n_tokens - t0 : kKTokens);
       half_q6k_any<kKTokens>(nt, packed + h * half_bytes, nb, x + t0 * x_stride, x_stride,
-                             y + t0 * y_stride + h * kHalfRows, y_stride, nr);
+                             y + t0 * y_stride + h * kHalfRows, y_stride, nr,
+                             h + 1 == n_halves ? next_matrix : nullptr);
     }
   }
 }
