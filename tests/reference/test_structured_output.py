@@ -7,7 +7,7 @@ import enum
 import json
 import re
 import subprocess
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 import jsonschema
 import numpy as np
@@ -38,7 +38,9 @@ class Person(BaseModel):
 
 
 class Scores(BaseModel):
-    scores: list[int] = Field(min_length=1, max_length=4)
+    # Each score bounded too: an unbounded integer is an endless valid prefix (seen: one
+    # of hundreds of digits at temperature 1 on an AVX-512 machine).
+    scores: list[Annotated[int, Field(ge=0, le=100)]] = Field(min_length=1, max_length=4)
     passed: bool
 
 

@@ -21,6 +21,7 @@ same), so its input is not quantised. dserve runs the expanded (one batch) and t
 weight-absorbed (token by token) forms of MLA; both must agree with the reference
 within 1e-3 and stay within the quantisation's expected error of the float model.
 """
+import contextlib
 import json
 import shutil
 
@@ -53,10 +54,31 @@ def _tokenizer():
         tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")))
 
 
+@contextlib.contextmanager
+def _conversion_mappings_restored():
+    """transformers' checkpoint conversion mappings as they were before the block.
+    load_quantizable_moe registers llmcompressor's for the model type (to load the
+    experts as 2D linears, then to save them so) and leaves them registered: a DeepSeek
+    model saved later in the same process would keep its fused 3D experts
+    (experts.gate_up_proj), which no Hugging Face checkpoint has, and a plain
+    from_pretrained would leave the experts randomly initialised."""
+    from transformers import conversion_mapping as cm
+    cache = cm._checkpoint_conversion_mapping_cache
+    saved = None if cache is None else dict(cache)
+    user = set(cm.USER_REGISTERED_MAPPINGS)
+    try:
+        yield
+    finally:
+        cm._checkpoint_conversion_mapping_cache = saved
+        cm.USER_REGISTERED_MAPPINGS.clear()
+        cm.USER_REGISTERED_MAPPINGS.update(user)
+
+
 def _load_linearised(model_dir):
-    """The model with its MoE experts as one nn.Linear per projection (llmcompressor's)."""
+    """The model with its MoE experts as one nn.Linear per projection (llmcompressor's),
+    for use in memory (it is not saved: _quantise saves inside its own block)."""
     from llmcompressor.modeling.moe.linearize import load_quantizable_moe
-    with load_quantizable_moe():
+    with _conversion_mappings_restored(), load_quantizable_moe():
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return model.eval()
 
@@ -69,12 +91,17 @@ def _quantise(float_dir, out_dir, seed):
     ids = torch.randint(0, ds.VOCAB, (16, 64), generator=g)
     data = Dataset.from_dict({"input_ids": ids.tolist(),
                               "attention_mask": torch.ones_like(ids).tolist()})
-    model = _load_linearised(float_dir)
-    recipe = QuantizationModifier(targets="Linear", scheme="W8A8",
-                                  ignore=["lm_head", "re:.*mlp.gate$"])
-    oneshot(model=model, dataset=data, recipe=recipe, processor=_tokenizer(),
-            num_calibration_samples=16, max_seq_length=64)
-    model.save_pretrained(out_dir, save_compressed=True)
+    from llmcompressor.modeling.moe.linearize import load_quantizable_moe
+    # Saved with llmcompressor's mappings (one tensor per expert projection), which
+    # are then undone.
+    with _conversion_mappings_restored():
+        with load_quantizable_moe():
+            model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
+        recipe = QuantizationModifier(targets="Linear", scheme="W8A8",
+                                      ignore=["lm_head", "re:.*mlp.gate$"])
+        oneshot(model=model.eval(), dataset=data, recipe=recipe, processor=_tokenizer(),
+                num_calibration_samples=16, max_seq_length=64)
+        model.save_pretrained(out_dir, save_compressed=True)
 
 
 def fixture(name):
@@ -137,10 +164,7 @@ def dserve_logprobs(dserve_bin, model_dir, ids, tmp_path, *extra):
 
 
 def assert_near_float_model(got, float_dir, ids):
-    """Within the quantisation's error of the float model, and really quantised. (Loaded
-    linearised as well: once load_quantizable_moe has run, llmcompressor's checkpoint
-    conversion mapping for deepseek_v3 stays registered in transformers, and a plain
-    from_pretrained in the same process then leaves the experts randomly initialised.)"""
+    """Within the quantisation's error of the float model, and really quantised."""
     unquantised = w8a8._logprobs(_load_linearised(float_dir), ids)
     diffs = [abs(a - b) for a, b in zip(got, unquantised)]
     mean = sum(diffs) / len(diffs)
