@@ -33,7 +33,7 @@ import pytest
 from conftest import run
 from server_util import free_port
 from test_llama_reference import CASES, GEN_LEN, PROMPT_LEN, VOCAB, _fixture
-from test_smollm2_reference import TIE_MARGIN, reference  # noqa: F401 (fixture)
+from test_smollm2_reference import reference  # noqa: F401 (fixture)
 
 
 def tp_args(n):
@@ -242,13 +242,42 @@ def test_deepseek_gguf_stacked_experts_split_kv_b(dserve_bin, tmp_path):
     assert greedy(dserve_bin, path, prompt, 2) == want["greedy"]
 
 
-def test_default_model_greedy_equals_one_rank(reference, dserve_bin, default_model):  # noqa: F811
+# How far 3 ranks' log-probabilities may stray from one rank's on the default model. A
+# split matmul sums in another order, and with int8 activations (requantised before
+# every matmul, per 32 values) a last-bit change can flip a rounding, which later layers
+# carry on: measured up to 0.137 (teacher-forced, 43 positions) on the scalar, AVX2 and
+# AVX-512 levels alike, so not a kernel's doing.
+TP_DEVIATION = 0.25
+
+
+def _scored(dserve_bin, model, ids, tmp_path, n):
+    """dserve's teacher-forced log-probability of ids[1:], on n ranks."""
+    path = tmp_path / "ids.txt"
+    path.write_text(",".join(map(str, ids)))
+    out = tmp_path / f"scored-tp{n}.json"
+    run([dserve_bin, "perplexity", "--model", model, "--token-ids", path, "--logprobs-out", out,
+         *tp_args(n)], timeout=300)
+    return [x["logprob"] for x in json.loads(out.read_text())["scored"]]
+
+
+def test_default_model_greedy_equals_one_rank(reference, dserve_bin, default_model, tmp_path):  # noqa: F811
+    """3 ranks against 1 on the default model (Q4_1): teacher-forced log-probabilities
+    within TP_DEVIATION, and the greedy paths the same up to a step where one rank's two
+    candidates are closer than that (the reference's near-ties are the float model's,
+    not these int8-activation ones)."""
     ref = reference["prompts"][0]
     one = greedy(dserve_bin, default_model, ref["ids"], 1, 32)
     split = greedy(dserve_bin, default_model, ref["ids"], 3, 32)
-    ties = [i for i, m in enumerate(ref["margins"][:32]) if m < TIE_MARGIN]
-    k = ties[0] if ties else 32
-    assert split[:k] == one[:k], f"compared {k} tokens; reference near-ties at {ties[:5]}"
+    path = ref["ids"] + one
+    lp1 = _scored(dserve_bin, default_model, path, tmp_path, 1)
+    lp3 = _scored(dserve_bin, default_model, path, tmp_path, 3)
+    assert len(lp1) == len(lp3) == len(path) - 1
+    assert max(abs(a - b) for a, b in zip(lp1, lp3)) < TP_DEVIATION
+    if split != one:
+        i = next(j for j in range(len(one)) if split[j] != one[j])
+        other = _scored(dserve_bin, default_model, ref["ids"] + one[:i] + [split[i]], tmp_path, 1)[-1]
+        margin = lp1[len(ref["ids"]) + i - 1] - other
+        assert 0 <= margin < TP_DEVIATION, f"3 ranks left one rank's path at step {i}, margin {margin}"
 
 
 def run_fail(args, timeout=60):
