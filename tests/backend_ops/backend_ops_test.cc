@@ -285,12 +285,11 @@ TEST(CpuKernelsTest, BatchedMatmulEqualsPerRowKernels) {
           std::vector<float> x = random_floats(n_tokens * k, rng);
           const int64_t x_stride = cpu::act_row_bytes(cpu::ActFormat::kQ8x32, k);
           std::vector<uint8_t> rows(x_stride * n_tokens);
-          std::vector<uint8_t> tiles(
-              cpu::q8x32_tiles_bytes(k, n_tokens, kt.matmul_batched_tile));
+          const int64_t tile = cpu::q8x32_call_tile(kt.matmul_batched_tile, n_tokens);
+          std::vector<uint8_t> tiles(cpu::q8x32_tiles_bytes(k, n_tokens, tile));
           for (int64_t i = 0; i < n_tokens; ++i) {
             kt.quantize_q8x32(x.data() + i * k, k, rows.data() + i * x_stride);
-            cpu::q8x32_copy_to_tiles(rows.data() + i * x_stride, k, i, kt.matmul_batched_tile,
-                                     tiles.data());
+            cpu::q8x32_copy_to_tiles(rows.data() + i * x_stride, k, i, tile, tiles.data());
           }
           const size_t w_stride = dtype_bytes(t, k);
           std::vector<float> want(n_tokens * n), got(n_tokens * n);
@@ -409,7 +408,7 @@ TEST(CpuKernelsTest, PackedMatmulEqualsPerRowKernels) {
             std::vector<float> x = random_floats(n_tokens * k, rng);
             std::fill_n(x.begin() + 32, 32, 0.0f);  // an all-zero block: scale 0
             x[70] = 1e4f;                            // and an outlier
-            const int64_t tile = kt.matmul_batched_tile;
+            const int64_t tile = cpu::q8x32_call_tile(kt.matmul_batched_tile, n_tokens);
             const int64_t x_stride = cpu::act_row_bytes(cpu::ActFormat::kQ8x32, k);
             std::vector<uint8_t> rows(x_stride * n_tokens);
             std::vector<uint8_t> tiles(cpu::q8x32_tiles_bytes(k, n_tokens, tile), 0);

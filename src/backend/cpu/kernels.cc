@@ -69,6 +69,15 @@ void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile,
   }
 }
 
+void q8x32_widen_tile(const uint8_t* one, int64_t k, int64_t tile, uint8_t* out) {
+  constexpr int kWords = static_cast<int>(q8x32_tile_block_bytes(1) / 4);  // per block
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const uint8_t* from = one + b * q8x32_tile_block_bytes(1);
+    uint8_t* to = out + b * q8x32_tile_block_bytes(tile);
+    for (int i = 0; i < kWords; ++i) std::memcpy(to + 4 * i * tile, from + 4 * i, 4);
+  }
+}
+
 void q8x32_quantize_to_tiles_generic(const float* x, int64_t k, int64_t t, int64_t tile,
                                      uint8_t* tiles) {
   // A row on the stack for the usual k; larger rows take the heap (rare: no level

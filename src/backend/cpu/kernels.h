@@ -137,7 +137,17 @@ using MatmulTileFn = void (*)(const uint8_t* w, size_t w_stride, const uint8_t* 
 //   int32 off8[T], off128[T]   (-8 and -128 times the block's sum of qs)
 // Slots past the last token of the final tile hold stale bytes: a kernel may read them
 // (into results it does not store), never rely on them.
+// A call with a single token (decode) gets it in a tile of width 1 instead, whatever
+// the level's tile width (q8x32_call_tile): a block's 48 bytes then share one or two
+// cache lines, where a wide tile spreads them over 48 T bytes that the weight stream
+// evicts from L1, so that every block's activations came from L2. Measured on one
+// Zen 4 core (AVX-512), matmul_bench's decode/q8_0/vocab_65536x1024 and
+// stream/moe_q8_0 read 12-14 and 10-11 GB/s with the wide tile, 14-21 and 14-20 GB/s
+// with width 1. Kernels read a 1-token call's tile that way.
 static constexpr int64_t q8x32_tile_block_bytes(int64_t tile) { return 48 * tile; }
+static constexpr int64_t q8x32_call_tile(int64_t level_tile, int64_t n_tokens) {
+  return n_tokens == 1 ? 1 : level_tile;
+}
 static constexpr int64_t q8x32_tiles_bytes(int64_t k, int64_t n_tokens, int64_t tile) {
   return (n_tokens + tile - 1) / tile * (k / 32) * q8x32_tile_block_bytes(tile);
 }
@@ -154,9 +164,14 @@ inline void store_q8x32_tile_slot(uint8_t* slot, int64_t tile, const int8_t* qs,
 }
 // Copies token t's Q8x32 row (act_row_bytes(kQ8x32, k) bytes at `row`) into `tiles`.
 void q8x32_copy_to_tiles(const uint8_t* row, int64_t k, int64_t t, int64_t tile, uint8_t* tiles);
+// Copies a single token's tile of width 1 (`one`) into slot 0 of a tile of width
+// `tile` (`out`, q8x32_tile_block_bytes(tile) * k / 32 bytes; other slots untouched),
+// for kernels that read tokens several at a time.
+void q8x32_widen_tile(const uint8_t* one, int64_t k, int64_t tile, uint8_t* out);
 
 // y[t * y_stride + r] = dot(row r of w, token t) for r < n_rows, t < n_tokens, with
-// the activations in tiles as above (tile width KernelTable::matmul_batched_tile) for
+// the activations in tiles as above (tile width q8x32_call_tile(
+// KernelTable::matmul_batched_tile, n_tokens)) for
 // the 32-block types, and as Q8x256 rows (act_row_bytes(kQ8x256, k) apart) for the
 // K-quants.
 // May repack weight rows into `scratch`: matmul_batched_scratch_bytes(k) bytes,

@@ -216,8 +216,8 @@ void matmul_q32_rows(const uint8_t* w, size_t w_stride, const uint8_t* x, size_t
 // (kernels.h): a tile block's group g holds 4 bytes per token, so 16 bytes are four
 // tokens' values of that group, and SDOT by lane multiplies them by one row's 4
 // weights of the group: lanes are tokens. A step covers 4 rows x NQ quads of tokens;
-// the weights are unpacked once per step for all its tokens. No repacking (scratch
-// unused): the rows are read where they are.
+// the weights are unpacked once per step for all its tokens. No repacking: the rows
+// are read where they are.
 constexpr int kArmTile = 8;
 
 template <typename Traits, int NQ>
@@ -279,9 +279,17 @@ inline void q32_tile_step(const typename Traits::Block* const* rows, int nr, int
 
 template <typename Traits>
 void matmul_q32_batched(const uint8_t* w, size_t w_stride, const uint8_t* x_tiles, int64_t k, int64_t n_rows,
-                        int64_t n_tokens, float* y, int64_t y_stride, uint8_t* /*scratch*/) {
+                        int64_t n_tokens, float* y, int64_t y_stride, uint8_t* scratch) {
   using Block = typename Traits::Block;
   const int64_t nb = k / 32;
+  // A single token comes in a tile of width 1 (kernels.h), and the steps read four
+  // tokens' values at once: widened into scratch (nb * 384 of its nb * 640 bytes).
+  // The engine does not call this level with one token (matmul_batched_min_tokens).
+  static_assert(matmul_batched_scratch_bytes(32) >= q8x32_tile_block_bytes(kArmTile));
+  if (n_tokens == 1) {
+    q8x32_widen_tile(x_tiles, k, kArmTile, scratch);
+    x_tiles = scratch;
+  }
   const int64_t tile_bytes = nb * q8x32_tile_block_bytes(kArmTile);
   for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
     const int nr = static_cast<int>(n_rows - r0 < 4 ? n_rows - r0 : 4);

@@ -118,16 +118,20 @@ struct HalfPanel {
   }
 };
 
-// Where token t's values for one block sit in an activation tile block (kernels.h).
-struct HalfTileBlock {
-  static constexpr int64_t kBytes = q8x32_tile_block_bytes(kGemmTokens);
-  static const uint8_t* qs(const uint8_t* xb, int g, int t) { return xb + 4 * (g * kGemmTokens + t); }
-  static const uint8_t* d(const uint8_t* xb, int t) { return xb + 4 * (8 * kGemmTokens + t); }
-  static const uint8_t* s(const uint8_t* xb, int t) { return xb + 4 * (9 * kGemmTokens + t); }
+// Where token t's values for one block sit in an activation tile block of width W
+// (kernels.h): W = kGemmTokens, or 1 in a single-token call.
+template <int W>
+struct HalfTileLayout {
+  static constexpr int64_t kBytes = q8x32_tile_block_bytes(W);
+  static const uint8_t* qs(const uint8_t* xb, int g, int t) { return xb + 4 * (g * W + t); }
+  static const uint8_t* d(const uint8_t* xb, int t) { return xb + 4 * (8 * W + t); }
+  static const uint8_t* s(const uint8_t* xb, int t) { return xb + 4 * (9 * W + t); }
   static const uint8_t* offset(const uint8_t* xb, int i, int t) {
-    return xb + 4 * ((10 + i) * kGemmTokens + t);
+    return xb + 4 * ((10 + i) * W + t);
   }
 };
+using HalfTileBlock = HalfTileLayout<kGemmTokens>;
+using HalfSingleTokenBlock = HalfTileLayout<1>;
 
 inline __m256i bcast_i32(const uint8_t* p) {
   int32_t v;
@@ -154,7 +158,7 @@ inline int64_t half_grouped_blocks(int64_t nb) { return nb % 8 >= 4 ? nb : nb - 
 // sums live besides the weights and spilled at NT = 6).
 // Q8_0: |w| times the activations with w's sign, each group widened to int32 on its
 // own (pairs reach 32512); the same token by token order.
-template <typename P, int NT>
+template <typename P, int NT, typename Tile = HalfTileBlock>
 inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8_t* xb,
                                __m256 (&acc)[NT]) {
   const __m256i ones = _mm256_set1_epi16(1);
@@ -164,19 +168,19 @@ inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8
     for (int g = 0; g < 8; ++g) u[g] = panel.group(b, g);
     const __m256 m = P::kHasMin ? panel.scale_m(b) : _mm256_setzero_ps();
     for (int t = 0; t < NT; ++t) {
-      __m256i p16 = _mm256_maddubs_epi16(u[0], bcast_i32(HalfTileBlock::qs(xb, 0, t)));
+      __m256i p16 = _mm256_maddubs_epi16(u[0], bcast_i32(Tile::qs(xb, 0, t)));
 #pragma GCC unroll 7
       for (int g = 1; g < 8; ++g) {
-        p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(u[g], bcast_i32(HalfTileBlock::qs(xb, g, t))));
+        p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(u[g], bcast_i32(Tile::qs(xb, g, t))));
       }
       __m256i dot = _mm256_madd_epi16(p16, ones);
       if constexpr (P::kOffsetIndex >= 0) {
-        dot = _mm256_add_epi32(dot, bcast_i32(HalfTileBlock::offset(xb, P::kOffsetIndex, t)));
+        dot = _mm256_add_epi32(dot, bcast_i32(Tile::offset(xb, P::kOffsetIndex, t)));
       }
-      const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
+      const __m256 scale = _mm256_mul_ps(d, bcast_f32(Tile::d(xb, t)));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
       if constexpr (P::kHasMin) {
-        acc[t] = _mm256_fmadd_ps(m, bcast_f32(HalfTileBlock::s(xb, t)), acc[t]);
+        acc[t] = _mm256_fmadd_ps(m, bcast_f32(Tile::s(xb, t)), acc[t]);
       }
     }
   } else {
@@ -195,10 +199,10 @@ inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_again + 32 * g));
-        const __m256i xs = _mm256_sign_epi8(bcast_i32(HalfTileBlock::qs(xb, g, t)), w);
+        const __m256i xs = _mm256_sign_epi8(bcast_i32(Tile::qs(xb, g, t)), w);
         dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[g], xs), ones));
       }
-      const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
+      const __m256 scale = _mm256_mul_ps(d, bcast_f32(Tile::d(xb, t)));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
     }
   }
@@ -206,16 +210,16 @@ inline void half_grouped_block(const HalfPanel<P>& panel, int64_t b, const uint8
 
 // Adds tail block b for NT tokens to the 8 lane accumulators (Q32Kernel::single: the
 // block's 8 group dots go to lanes 0..7, the Q4_1 minimum term to lane 0).
-template <typename P, int NT>
+template <typename P, int NT, typename Tile = HalfTileBlock>
 inline void half_tail_block(const HalfPanel<P>& panel, int64_t b, const uint8_t* xb,
                             __m256 (*acc8)[NT]) {
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256 d = panel.scale_d(b);
   for (int t = 0; t < NT; ++t) {
-    const __m256 scale = _mm256_mul_ps(d, bcast_f32(HalfTileBlock::d(xb, t)));
+    const __m256 scale = _mm256_mul_ps(d, bcast_f32(Tile::d(xb, t)));
     for (int g = 0; g < 8; ++g) {
       const __m256i w = panel.group(b, g);
-      const __m256i xq = bcast_i32(HalfTileBlock::qs(xb, g, t));
+      const __m256i xq = bcast_i32(Tile::qs(xb, g, t));
       __m256i dot;
       if constexpr (P::kNibbles) {
         dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), ones);
@@ -228,7 +232,7 @@ inline void half_tail_block(const HalfPanel<P>& panel, int64_t b, const uint8_t*
       acc8[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc8[g][t]);
     }
     if constexpr (P::kHasMin) {  // a rounded product, then an add, as single() does
-      __m256 ms = _mm256_mul_ps(panel.scale_m(b), bcast_f32(HalfTileBlock::s(xb, t)));
+      __m256 ms = _mm256_mul_ps(panel.scale_m(b), bcast_f32(Tile::s(xb, t)));
       // Keeps the compiler from contracting the two into an FMA (-ffp-contract=fast).
       __asm__("" : "+x"(ms));
       acc8[0][t] = _mm256_add_ps(acc8[0][t], ms);
@@ -282,7 +286,8 @@ void half_tile(const HalfPanel<P>& panel, const HalfPanel<P>* next, int64_t nb,
 
 // One token (decode): blocks in order, so each half streams from memory once, 8 at a
 // time so that the 8 lane accumulators stay in registers; the next half (`next`, or
-// null) is prefetched block by block meanwhile.
+// null) is prefetched block by block meanwhile. The token's activations are a tile of
+// width 1 (kernels.h).
 template <typename P>
 void half_single(const HalfPanel<P>& panel, const HalfPanel<P>* next, int64_t nb,
                  const uint8_t* tile, float* y, int n_rows) {
@@ -294,16 +299,17 @@ void half_single(const HalfPanel<P>& panel, const HalfPanel<P>* next, int64_t nb
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       if (next != nullptr) next->prefetch_block(b + j);
-      half_grouped_block<P, 1>(panel, b + j, tile + (b + j) * HalfTileBlock::kBytes, acc8[j]);
+      half_grouped_block<P, 1, HalfSingleTokenBlock>(
+          panel, b + j, tile + (b + j) * HalfSingleTokenBlock::kBytes, acc8[j]);
     }
   }
   for (; b < nb; ++b) {
     if (next != nullptr) next->prefetch_block(b);
-    const uint8_t* xb = tile + b * HalfTileBlock::kBytes;
+    const uint8_t* xb = tile + b * HalfSingleTokenBlock::kBytes;
     if (b < n_grouped) {
-      half_grouped_block<P, 1>(panel, b, xb, acc8[b % 8]);
+      half_grouped_block<P, 1, HalfSingleTokenBlock>(panel, b, xb, acc8[b % 8]);
     } else {
-      half_tail_block<P, 1>(panel, b, xb, acc8);
+      half_tail_block<P, 1, HalfSingleTokenBlock>(panel, b, xb, acc8);
     }
   }
   half_store<1>(acc8, y, 0, n_rows);

@@ -298,17 +298,21 @@ inline __m512 broadcast_f32(const uint8_t* p) {
   return _mm512_set1_ps(v);
 }
 
-// Where token t's values for one block sit in an activation tile block (kernels.h).
-struct TileBlock {
-  static constexpr int64_t kBytes = q8x32_tile_block_bytes(kPanelTokens);
-  static const uint8_t* qs(const uint8_t* xb, int g, int t) { return xb + 4 * (g * kPanelTokens + t); }
-  static const uint8_t* d(const uint8_t* xb, int t) { return xb + 4 * (8 * kPanelTokens + t); }
-  static const uint8_t* s(const uint8_t* xb, int t) { return xb + 4 * (9 * kPanelTokens + t); }
+// Where token t's values for one block sit in an activation tile block of width W
+// (kernels.h): W = kPanelTokens, or 1 in a single-token call.
+template <int W>
+struct TileLayout {
+  static constexpr int64_t kBytes = q8x32_tile_block_bytes(W);
+  static const uint8_t* qs(const uint8_t* xb, int g, int t) { return xb + 4 * (g * W + t); }
+  static const uint8_t* d(const uint8_t* xb, int t) { return xb + 4 * (8 * W + t); }
+  static const uint8_t* s(const uint8_t* xb, int t) { return xb + 4 * (9 * W + t); }
   // -8 sum(q) (i = 0) or -128 sum(q) (i = 1) as int32.
   static const uint8_t* offset(const uint8_t* xb, int i, int t) {
-    return xb + 4 * ((10 + i) * kPanelTokens + t);
+    return xb + 4 * ((10 + i) * W + t);
   }
 };
+using TileBlock = TileLayout<kPanelTokens>;
+using SingleTokenBlock = TileLayout<1>;
 
 // Q32Kernel groups a row's blocks 8 at a time (block b in lane b % 8) while at least 4
 // are left, and adds a shorter tail block by block (single()).
@@ -325,40 +329,41 @@ struct BlockInRegisters {
   }
 };
 
-// Adds block b of `panel` for NT tokens to acc (lane b % 8 of Q32Kernel::group).
-template <typename Traits, int NT, typename Panel>
+// Adds block b of `panel` for NT tokens to acc (lane b % 8 of Q32Kernel::group); xb:
+// the block in the activations' layout Tile.
+template <typename Traits, int NT, typename Tile = TileBlock, typename Panel>
 inline void grouped_block(const Panel& panel, int64_t b, const uint8_t* xb, __m512 (&acc)[NT]) {
   __m512i isum[NT];
   for (int t = 0; t < NT; ++t) {
-    isum[t] = Traits::kOffsetIndex >= 0 ? broadcast_i32(TileBlock::offset(xb, Traits::kOffsetIndex, t))
+    isum[t] = Traits::kOffsetIndex >= 0 ? broadcast_i32(Tile::offset(xb, Traits::kOffsetIndex, t))
                                         : _mm512_setzero_si512();
   }
 #pragma GCC unroll 8
   for (int g = 0; g < 8; ++g) {
     const __m512i u = panel.group(b, g);
     for (int t = 0; t < NT; ++t) {
-      isum[t] = _mm512_dpbusd_epi32(isum[t], u, broadcast_i32(TileBlock::qs(xb, g, t)));
+      isum[t] = _mm512_dpbusd_epi32(isum[t], u, broadcast_i32(Tile::qs(xb, g, t)));
     }
   }
   __m512 d, m;
   panel.scales(b, &d, &m);
   for (int t = 0; t < NT; ++t) {
-    const __m512 scale = _mm512_mul_ps(d, broadcast_f32(TileBlock::d(xb, t)));
+    const __m512 scale = _mm512_mul_ps(d, broadcast_f32(Tile::d(xb, t)));
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), scale, acc[t]);
-    if constexpr (Traits::kHasMin) acc[t] = _mm512_fmadd_ps(m, broadcast_f32(TileBlock::s(xb, t)), acc[t]);
+    if constexpr (Traits::kHasMin) acc[t] = _mm512_fmadd_ps(m, broadcast_f32(Tile::s(xb, t)), acc[t]);
   }
 }
 
 // Adds tail block b of NT tokens to the 8 lane accumulators (Q32Kernel::single: the
 // block's 8 group dots go to lanes 0..7, the Q4_1 minimum term to lane 0).
-template <typename Traits, int NT>
+template <typename Traits, int NT, typename Tile = TileBlock>
 inline void tail_block(const __m512i* u, __m512 d, __m512 m, const uint8_t* xb,
                        __m512 (*acc8)[NT]) {
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(Traits::kNibbles ? 8 : 0x80));
   for (int t = 0; t < NT; ++t) {
-    const __m512 scale = _mm512_mul_ps(d, broadcast_f32(TileBlock::d(xb, t)));
+    const __m512 scale = _mm512_mul_ps(d, broadcast_f32(Tile::d(xb, t)));
     for (int g = 0; g < 8; ++g) {
-      const __m512i xq = broadcast_i32(TileBlock::qs(xb, g, t));
+      const __m512i xq = broadcast_i32(Tile::qs(xb, g, t));
       __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[g], xq);
       if constexpr (Traits::kOffsetIndex >= 0) {  // minus 8 or 128 times this group's sum(q)
         dot = _mm512_sub_epi32(dot, _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xq));
@@ -366,7 +371,7 @@ inline void tail_block(const __m512i* u, __m512 d, __m512 m, const uint8_t* xb,
       acc8[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc8[g][t]);
     }
     if constexpr (Traits::kHasMin) {  // a rounded product, then an add: no FMA here
-      const __m512 ms = _mm512_mul_round_ps(m, broadcast_f32(TileBlock::s(xb, t)),
+      const __m512 ms = _mm512_mul_round_ps(m, broadcast_f32(Tile::s(xb, t)),
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       acc8[0][t] = _mm512_add_ps(acc8[0][t], ms);
     }
@@ -428,7 +433,8 @@ void panel_tile_any(int nt, const Panel& panel, int64_t nb, const uint8_t* tile,
 }
 
 // One token (decode): the weights straight from the reader (PanelReader or
-// PackedPanel), no scratch round trip; the 8 lane accumulators fit in registers.
+// PackedPanel), no scratch round trip; the 8 lane accumulators fit in registers. The
+// token's activations are a tile of width 1 (kernels.h).
 template <typename Traits, typename Reader>
 void panel_single(const Reader& reader, int64_t nb, const uint8_t* tile, float* y,
                   __mmask16 store_mask) {
@@ -439,11 +445,11 @@ void panel_single(const Reader& reader, int64_t nb, const uint8_t* tile, float* 
     __m512i u[8];
     __m512 d, m;
     reader.block(b, u, &d, &m);
-    const uint8_t* xb = tile + b * TileBlock::kBytes;
+    const uint8_t* xb = tile + b * SingleTokenBlock::kBytes;
     if (b < n_grouped) {
-      grouped_block<Traits, 1>(BlockInRegisters{u, d, m}, b, xb, acc8[b % 8]);
+      grouped_block<Traits, 1, SingleTokenBlock>(BlockInRegisters{u, d, m}, b, xb, acc8[b % 8]);
     } else {
-      tail_block<Traits, 1>(u, d, m, xb, acc8);
+      tail_block<Traits, 1, SingleTokenBlock>(u, d, m, xb, acc8);
     }
   }
   store_rows<1>(acc8, y, 0, store_mask);

@@ -42,6 +42,14 @@ constexpr int64_t kTokenBlock = 64;
 // panel is reused for this many tokens, whose tiled activations (~0.9 KB each at
 // k = 576) stay in L2.
 constexpr int64_t kBatchTokenBlock = 240;
+// Tokens of the batched-kernel call that starts at token t0 of n_tokens:
+// kBatchTokenBlock, or the rest, with a lone last token joined to the call before it
+// (a call of one token reads a tile of width 1, kernels.h, and a group's tiles have
+// one width).
+int64_t batch_call_tokens(int64_t n_tokens, int64_t t0) {
+  const int64_t rest = n_tokens - t0;
+  return rest == kBatchTokenBlock + 1 ? rest : std::min(rest, kBatchTokenBlock);
+}
 // Panel tasks per thread and job: enough that dynamic scheduling evens out the
 // threads (q/k/v of a 576-wide model are 60 panels: 4 per task on 2 threads).
 constexpr int64_t kPanelTasksPerThread = 8;
@@ -88,6 +96,7 @@ struct GroupInput {
   float i8_input_scale = 0.0f;  // kQ8Token rows: the static scale, 0 for per token
   int i8_input_offset = 0;      // and the static zero point
   int64_t tiles_at = 0;
+  int64_t tile = 0;  // its tiles' width (q8x32_call_tile)
   int64_t rows_at[kNumActFormats] = {};
   int64_t row_bytes[kNumActFormats] = {};
 };
@@ -239,7 +248,8 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     if (in.need_tiles) {
       DS_CHECK(kBatchTokenBlock % tile == 0);
       in.tiles_at = tile_bytes;
-      tile_bytes += q8x32_tiles_bytes(k, group.n_tokens, tile);
+      in.tile = q8x32_call_tile(tile, group.n_tokens);
+      tile_bytes += q8x32_tiles_bytes(k, group.n_tokens, in.tile);
     }
     for (int fi = 1; fi < kNumActFormats; ++fi) {  // the int8 formats; F32 rows are x itself
       if (!in.need_rows[fi]) continue;
@@ -261,7 +271,7 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
   auto quantize_tokens = [&](const GroupInput& in, const float* x, int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* xt = x + t * in.k;
-      if (in.need_tiles) kernels_.quantize_q8x32_tiles(xt, in.k, t, tile, tiles + in.tiles_at);
+      if (in.need_tiles) kernels_.quantize_q8x32_tiles(xt, in.k, t, in.tile, tiles + in.tiles_at);
       if (in.need_rows[1]) {
         kernels_.quantize_q8x32(xt, in.k, quantised[1] + in.rows_at[1] + t * in.row_bytes[1]);
       }
@@ -391,7 +401,7 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
     const int fmt = static_cast<int>(act_format_for(w.dtype));
     auto batched_x = [&](int64_t t0) -> const uint8_t* {
       if (fmt == static_cast<int>(ActFormat::kQ8x32)) {
-        return tiles + in.tiles_at + q8x32_tiles_bytes(k, t0, tile);
+        return tiles + in.tiles_at + q8x32_tiles_bytes(k, t0, in.tile);
       }
       return quantised[fmt] + in.rows_at[fmt] + t0 * in.row_bytes[fmt];
     };
@@ -408,10 +418,10 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
         const uint8_t* panels = panels_of(seg);
         const uint8_t* next_panels =
             next != nullptr && plans[next->target].path == Path::kPacked ? panels_of(*next) : nullptr;
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          const bool last = t0 + kBatchTokenBlock >= n_tokens;
-          kernels_.matmul_packed[type](panels, batched_x(t0), k, seg.n_rows,
-                                       std::min(kBatchTokenBlock, n_tokens - t0),
+        for (int64_t t0 = 0, count = 0; t0 < n_tokens; t0 += count) {
+          count = batch_call_tokens(n_tokens, t0);
+          const bool last = t0 + count >= n_tokens;
+          kernels_.matmul_packed[type](panels, batched_x(t0), k, seg.n_rows, count,
                                        y + t0 * n + seg.r0, n, last ? next_panels : nullptr);
         }
         break;
@@ -419,9 +429,9 @@ void CpuBackend::matmul_grouped(const MatmulGroup* groups, int n_groups) {
       case Path::kBatched: {
         uint8_t* scratch = per_thread_[thread].get(
             static_cast<size_t>(matmul_batched_scratch_bytes(max_k)));
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += kBatchTokenBlock) {
-          kernels_.matmul_batched[type](wb, w_stride, batched_x(t0), k, seg.n_rows,
-                                        std::min(kBatchTokenBlock, n_tokens - t0),
+        for (int64_t t0 = 0, count = 0; t0 < n_tokens; t0 += count) {
+          count = batch_call_tokens(n_tokens, t0);
+          kernels_.matmul_batched[type](wb, w_stride, batched_x(t0), k, seg.n_rows, count,
                                         y + t0 * n + seg.r0, n, scratch);
         }
         break;
