@@ -72,6 +72,13 @@ inline __m512i panel_row_index() {
 // then the 16 lanes' d and (Q4_1) m as f16 in lane order: kPackedBlockBytes, the d
 // at kPackedHeadOffset, padded to 64 bytes (at most 2 bytes per row and block more
 // than the original rows: the memory budget counts them, prepared_weight_bytes).
+//
+// kDecodePrefetch: whether a single-token call over packed panels prefetches each
+// panel's successor block by block (the last panel of a matrix always prefetches the
+// next matrix). Measured on a Zen 4 core, 1 thread, alternating runs
+// (matmul_bench decode/*/vocab_65536x1024, stream/moe_q8_0): Q8_0 streams at 20-26
+// GB/s without and 15-17 with them, the MoE stream 18-24 against 14-16; Q4_0 and Q4_1,
+// which spend twice the instructions per byte, lose 10-20% without them.
 struct PanelQ8_0 {
   using Block = block_q8_0;
   static constexpr int kQsOffset = 2;
@@ -80,6 +87,7 @@ struct PanelQ8_0 {
   static constexpr bool kNibbles = false;
   static constexpr bool kHasMin = false;
   static constexpr int kOffsetIndex = 1;  // -128 sum(q)
+  static constexpr bool kDecodePrefetch = false;
 };
 struct PanelQ4_0 {
   using Block = block_q4_0;
@@ -89,6 +97,7 @@ struct PanelQ4_0 {
   static constexpr bool kNibbles = true;
   static constexpr bool kHasMin = false;
   static constexpr int kOffsetIndex = 0;  // -8 sum(q)
+  static constexpr bool kDecodePrefetch = true;
 };
 struct PanelQ4_1 {
   using Block = block_q4_1;
@@ -98,6 +107,7 @@ struct PanelQ4_1 {
   static constexpr bool kNibbles = true;
   static constexpr bool kHasMin = true;
   static constexpr int kOffsetIndex = -1;  // unsigned weights: no offset
+  static constexpr bool kDecodePrefetch = true;
 };
 
 // 16 rows' 16 bytes at rows[r] + offset as four vectors: out[j] lane p = 32-bit word
@@ -251,6 +261,7 @@ struct PackedPanel {
   const uint8_t* panel;
   const uint8_t* next;
   void prefetch(int64_t b) const {
+    if (next == nullptr) return;
     for (int64_t i = 0; i < Traits::kPackedBlockBytes; i += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(next + b * Traits::kPackedBlockBytes + i),
                    kPrefetchHint);
@@ -343,11 +354,27 @@ inline void grouped_block(const Panel& panel, int64_t b, const uint8_t* xb, __m5
     isum[t] = Traits::kOffsetIndex >= 0 ? broadcast_i32(Tile::offset(xb, Traits::kOffsetIndex, t))
                                         : _mm512_setzero_si512();
   }
+  if constexpr (NT == 1) {
+    // One token: 8 dependent vpdpbusd would be a chain of 8 latencies per block; four
+    // chains of two, summed (integer sums: exact in any order).
+    __m512i part[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      part[g] = _mm512_dpbusd_epi32(g == 0 ? isum[0] : _mm512_setzero_si512(), panel.group(b, g),
+                                    broadcast_i32(Tile::qs(xb, g, 0)));
+    }
+#pragma GCC unroll 4
+    for (int g = 4; g < 8; ++g) {
+      part[g - 4] = _mm512_dpbusd_epi32(part[g - 4], panel.group(b, g), broadcast_i32(Tile::qs(xb, g, 0)));
+    }
+    isum[0] = _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]), _mm512_add_epi32(part[2], part[3]));
+  } else {
 #pragma GCC unroll 8
-  for (int g = 0; g < 8; ++g) {
-    const __m512i u = panel.group(b, g);
-    for (int t = 0; t < NT; ++t) {
-      isum[t] = _mm512_dpbusd_epi32(isum[t], u, broadcast_i32(Tile::qs(xb, g, t)));
+    for (int g = 0; g < 8; ++g) {
+      const __m512i u = panel.group(b, g);
+      for (int t = 0; t < NT; ++t) {
+        isum[t] = _mm512_dpbusd_epi32(isum[t], u, broadcast_i32(Tile::qs(xb, g, t)));
+      }
     }
   }
   __m512 d, m;
@@ -437,24 +464,47 @@ void panel_tile_any(int nt, const Panel& panel, int64_t nb, const uint8_t* tile,
   }
 }
 
-// One token (decode): the weights straight from the reader (PanelReader or
-// PackedPanel), no scratch round trip; the 8 lane accumulators fit in registers. The
-// token's activations are a tile of width 1 (kernels.h).
+// One token (decode): blocks in order, 8 at a time so that the 8 lane accumulators
+// stay in registers. A packed panel's weight vectors go straight from memory into the
+// vpdpbusd: staged in an array first (PanelReader::block's form), GCC stored each
+// block's 8 vectors to the stack, 512 bytes of stores for every 576 bytes streamed, and
+// the decode ran at 11-22 GB/s where the same loop without them ran at 19-31 (Zen 4, 1
+// thread). The unpacked reader transposes into such an array anyway. The token's
+// activations are a tile of width 1 (kernels.h).
+template <typename Reader>
+concept DirectPanel = requires(const Reader& r) { r.group(int64_t{0}, 0); };
+
 template <typename Traits, typename Reader>
 void panel_single(const Reader& reader, int64_t nb, const uint8_t* tile, float* y,
                   __mmask16 store_mask) {
   __m512 acc8[8][1];
   for (int lane = 0; lane < 8; ++lane) acc8[lane][0] = _mm512_setzero_ps();
   const int64_t n_grouped = grouped_blocks(nb);
-  for (int64_t b = 0; b < nb; ++b) {
-    __m512i u[8];
-    __m512 d, m;
-    reader.block(b, u, &d, &m);
+  auto add_grouped = [&](int64_t b, __m512 (&acc)[1]) __attribute__((always_inline)) {
     const uint8_t* xb = tile + b * SingleTokenBlock::kBytes;
-    if (b < n_grouped) {
-      grouped_block<Traits, 1, SingleTokenBlock>(BlockInRegisters{u, d, m}, b, xb, acc8[b % 8]);
+    if constexpr (DirectPanel<Reader>) {
+      reader.prefetch(b);
+      grouped_block<Traits, 1, SingleTokenBlock>(reader, b, xb, acc);
     } else {
-      tail_block<Traits, 1, SingleTokenBlock>(u, d, m, xb, acc8);
+      __m512i u[8];
+      __m512 d, m;
+      reader.block(b, u, &d, &m);
+      grouped_block<Traits, 1, SingleTokenBlock>(BlockInRegisters{u, d, m}, b, xb, acc);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 8 <= n_grouped; b += 8) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) add_grouped(b + j, acc8[j]);
+  }
+  for (; b < nb; ++b) {
+    if (b < n_grouped) {
+      add_grouped(b, acc8[b % 8]);
+    } else {
+      __m512i u[8];
+      __m512 d, m;
+      reader.block(b, u, &d, &m);
+      tail_block<Traits, 1, SingleTokenBlock>(u, d, m, tile + b * SingleTokenBlock::kBytes, acc8);
     }
   }
   store_rows<1>(acc8, y, 0, store_mask);
@@ -541,11 +591,15 @@ void matmul_q32_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k,
     const bool last = r0 + kPanelRows >= n_rows;
     const uint8_t* next =
         last && next_matrix != nullptr ? next_matrix : p + nb * Traits::kPackedBlockBytes;
-    const PackedPanel<Traits> panel{p, next};
     if (n_tokens == 1) {
-      panel_single<Traits>(panel, nb, x_tiles, y + r0, store_mask);
+      // Decode reads the panels in order, one sequential stream that the hardware
+      // prefetcher follows; see Traits::kDecodePrefetch for where ours still pays.
+      const bool prefetch = last || Traits::kDecodePrefetch;
+      panel_single<Traits>(PackedPanel<Traits>{p, prefetch ? next : nullptr}, nb, x_tiles, y + r0,
+                           store_mask);
       continue;
     }
+    const PackedPanel<Traits> panel{p, next};
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kPanelTokens) {
       const int nt = static_cast<int>(n_tokens - t0 < kPanelTokens ? n_tokens - t0 : kPanelTokens);
       panel_tile_any<Traits, kPanelTokens>(nt, panel, nb,
