@@ -153,6 +153,8 @@ int main(int argc, char** argv) {
       {"decode/32x80/h9kv3d64/b16", {32, 80, 1, 9, 3, 64, 16}},
       // The same with K/V small enough for L2: the kernel's arithmetic alone.
       {"decode/2x80/h9kv3d64/b16", {2, 80, 1, 9, 3, 64, 16}},
+      // One sequence deep in its context (bench-compare's decode at depth 512).
+      {"decode/1x576/h9kv3d64/b16", {1, 576, 1, 9, 3, 64, 16}},
       {"decode/8x2048/h9kv3d64/b16", {8, 2048, 1, 9, 3, 64, 16}},
       {"decode/8x2048/h9kv3d64/b128", {8, 2048, 1, 9, 3, 64, 128}},
       {"decode/32x1024/h32kv8d128/b16", {32, 1024, 1, 32, 8, 128, 16}},

@@ -51,13 +51,15 @@ constexpr int64_t kSplitKeys = 256;
 constexpr int64_t kMaxPartialFloats = int64_t{1} << 23;
 
 // Prefetches n rows of `len` bytes, `stride` bytes apart: every cache line each row
-// touches.
+// touches, into L2 (into L1 they would hold the core's few fill buffers, which the
+// kernel's own loads then wait for: on a Zen 4 core the default model's decode at
+// depth 512-640, 1 thread, ran at 99-109 tokens/s with L1 prefetches, 134-145 with L2).
 inline void prefetch_rows(const char* p, int64_t stride, int64_t len, int64_t n) {
   constexpr uintptr_t kLine = 64;
   for (int64_t j = 0; j < n; ++j, p += stride) {
     const uintptr_t last = reinterpret_cast<uintptr_t>(p + len - 1);
     for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1); a <= last; a += kLine) {
-      __builtin_prefetch(reinterpret_cast<const void*>(a));
+      __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 2);  // 2: _MM_HINT_T1
     }
   }
 }
