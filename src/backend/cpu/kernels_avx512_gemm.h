@@ -134,13 +134,6 @@ inline void transpose_16x4(const uint8_t* const* rows, int64_t offset, __m512i o
   out[3] = _mm512_unpackhi_epi64(b, d);
 }
 
-// Software prefetches fill L2, not L1: a decode kernel issues one per cache line it
-// will read, and prefetches into L1 hold its few fill buffers, which the demand loads
-// then wait for. On a Zen 4 core (matmul_bench decode/q8_0/vocab_65536x1024,
-// stream/moe_q8_0, 1 thread, three alternating rounds) L1 gave 11.6-16.4 and 10.1-16.5
-// GB/s, L2 16.2-17.9 and 16.4-17.3.
-constexpr auto kPrefetchHint = _MM_HINT_T1;
-
 // Bytes of one block of a repacked panel: 8 weight vectors, d[16], m[16].
 constexpr int64_t kPanelBlockBytes = 8 * 64 + 2 * 64;
 
@@ -165,7 +158,7 @@ class PanelReader {
 
   void block(int64_t b, __m512i u[8], __m512* d, __m512* m) const {
     for (int64_t i = b * next_bytes_ / nb_; i < (b + 1) * next_bytes_ / nb_; i += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(next_ + i), kPrefetchHint);
+      _mm_prefetch(reinterpret_cast<const char*>(next_ + i), kStreamPrefetchHint);
     }
     const int64_t blk = b * static_cast<int64_t>(sizeof(Block));
     __m512i t[4];
@@ -264,7 +257,7 @@ struct PackedPanel {
     if (next == nullptr) return;
     for (int64_t i = 0; i < Traits::kPackedBlockBytes; i += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(next + b * Traits::kPackedBlockBytes + i),
-                   kPrefetchHint);
+                   kStreamPrefetchHint);
     }
   }
   __m512i group(int64_t b, int g) const {

@@ -89,7 +89,7 @@ inline void prefetch_ahead(const uint8_t* panel, int64_t b, int64_t nb, int64_t 
   constexpr int kAhead = 6;
   const uint8_t* p = panel + (b + kAhead) * bytes;
   if (b + kAhead >= nb && next != nullptr) p = next + (b + kAhead - nb) * bytes;
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T1);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), kStreamPrefetchHint);
 }
 
 // ---- Q4_K / Q5_K ----

@@ -37,6 +37,15 @@ constexpr int kTileRows = 4, kTileTokens = 4;
 constexpr int kTileRows = 4, kTileTokens = 2;
 #endif
 
+// The hint of the decode kernels' software prefetches of weights they will stream:
+// into L2, not L1. A decode kernel issues one per cache line it will read, and
+// prefetches into L1 hold the core's few fill buffers, which its demand loads then wait
+// for. On a Zen 4 core (matmul_bench decode/q8_0/vocab_65536x1024, stream/moe_q8_0, 1
+// thread, three alternating rounds) L1 gave 11.6-16.4 and 10.1-16.5 GB/s, L2 16.2-17.9
+// and 16.4-17.3. (The AVX2 half panels still use L1: on Zen 4 their A/B was mixed, and
+// Zen 3, their machine, is not measured yet.)
+constexpr auto kStreamPrefetchHint = _MM_HINT_T1;
+
 inline float f16_load(const uint16_t& h) { return _cvtsh_ss(h); }
 
 inline float hsum256(__m256 v) {
@@ -656,11 +665,10 @@ struct FloatKernel {
     }
     // Decode reads NR rows side by side, each a short stream (2-4 KiB) that ends
     // before the hardware prefetcher is up to speed: each cache line's step also
-    // prefetches the same columns of the next tile's rows, into L2 (into L1 they hold
-    // the fill buffers the loads wait for: on a Zen 4 core, matmul_bench
-    // decode/*/vocab_65536x1024, 1 thread, alternating runs, F32 14-16 -> 17.5-19.4
-    // GB/s, F16 10.2-10.8 -> 13.9-15.5, BF16 10.2-10.3 -> 17.7-18.8; the AVX2 level
-    // alike; without any prefetch 7-14).
+    // prefetches the same columns of the next tile's rows (into L2: on a Zen 4 core,
+    // matmul_bench decode/*/vocab_65536x1024, 1 thread, alternating runs, L1 -> L2 took
+    // F32 14-16 -> 17.5-19.4 GB/s, F16 10.2-10.8 -> 13.9-15.5, BF16 10.2-10.3 ->
+    // 17.7-18.8, the AVX2 level alike; without any prefetch 7-14).
     constexpr int64_t kLine = 64 / sizeof(Elem);
     const int64_t ahead = NR * static_cast<int64_t>(a.w_stride / sizeof(Elem));
     int64_t i = 0;
@@ -669,7 +677,7 @@ struct FloatKernel {
       for (int t = 0; t < NT; ++t) xv[t] = VecF::load(x[t] + i);
       if constexpr (NT == 1) {
         if (i % kLine == 0) {
-          for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + i), _MM_HINT_T1);
+          for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + ahead + i), kStreamPrefetchHint);
         }
       }
       for (int r = 0; r < NR; ++r) {
