@@ -53,19 +53,27 @@ def machine_limits(build, threads, tries=3):
     return best
 
 
-def active_macs_per_token(path):
+def active_macs_per_token(path, prompt=False):
     """MACs of one token's matrix products: every 2-D weight once, and of each 3-D
-    expert tensor the share the router picks (top-k of n experts)."""
+    expert tensor the share the router picks (top-k of n experts). prompt=True leaves
+    out the output projection (the vocabulary matrix, or the tied embedding): prompt
+    processing computes logits for a prompt's last token only, and counting them for
+    all 512 would credit dserve and llama.cpp alike with work neither does (for the
+    DeepSeek-shaped model, half the count)."""
     r = gguf.GGUFReader(path)
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     def field(name, default=None):
         f = r.fields.get(f"{arch}.{name}")
         return int(f.parts[-1][0]) if f is not None else default
     top_k, n_exp = field("expert_used_count", 0), field("expert_count", 0)
+    untied = any(x.name == "output.weight" for x in r.tensors)
+    output = "output.weight" if untied else "token_embd.weight"
     macs = 0
     for t in r.tensors:
-        if t.name == "token_embd.weight" and any(x.name == "output.weight" for x in r.tensors):
+        if t.name == "token_embd.weight" and untied:
             continue  # untied: the embedding is a row lookup, the output matrix is the product
+        if prompt and t.name == output:
+            continue
         if len(t.shape) == 2:
             macs += int(t.n_elements)
         elif len(t.shape) == 3 and n_exp:
@@ -92,7 +100,7 @@ def llama_bench(bin_dir, model, threads, args):
 
 
 def bench_model(name, model, dserve, bin_dir, threads, repeats, limits):
-    macs = active_macs_per_token(model)
+    prompt_macs = active_macs_per_token(model, prompt=True)
     rows = []
     samples = {k: ([], []) for k in ("pp512", "tg128@d0", "tg128@d512")}
     bytes_per_token = 0
@@ -111,7 +119,7 @@ def bench_model(name, model, dserve, bin_dir, threads, repeats, limits):
     for test, (ds, lc) in samples.items():
         d, l = statistics.median(ds), statistics.median(lc)
         if test == "pp512":
-            frac = f"{d * macs / (gmacs * 1e9):.0%} of int8 peak" if gmacs else ""
+            frac = f"{d * prompt_macs / (gmacs * 1e9):.0%} of int8 peak" if gmacs else ""
         else:
             frac = f"{d * bytes_per_token / (gbps * 1e9):.0%} of DRAM"
         rows.append((name, threads, test, d, l, d / l, frac))

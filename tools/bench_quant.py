@@ -139,18 +139,21 @@ def limits(build, threads):
     return dict(kv.split("=") for kv in out.split())
 
 
-def smollm2_macs():
-    """Multiply-accumulates per token of SmolLM2's matrix products (the GGUF's shapes)."""
-    return bench_compare.active_macs_per_token(DEFAULT_MODEL)
+def smollm2_macs(prompt=False):
+    """Multiply-accumulates per token of SmolLM2's matrix products (the GGUF's shapes);
+    prompt=True: without the output projection (a prompt's last token only)."""
+    return bench_compare.active_macs_per_token(DEFAULT_MODEL, prompt)
 
 
-def deepseek_macs():
+def deepseek_macs(prompt=False):
     """The same for the DeepSeek-shaped model: every matrix but the embedding, routed
-    experts at the router's top-k of n."""
+    experts at the router's top-k of n; prompt=True: without lm_head."""
     c = make_moe_gguf.CONFIG
     macs = 0
     for name, shape in bench_deepseek.shapes(c):
         if len(shape) != 2 or "embed_tokens" in name or name.endswith("mlp.gate.weight"):
+            continue
+        if prompt and name == "lm_head.weight":
             continue
         n = shape[0] * shape[1]
         macs += n * c["num_experts_per_tok"] // c["n_routed_experts"] if ".experts." in name else n
@@ -179,11 +182,12 @@ def main():
     ap.add_argument("--models", nargs="+", default=["smollm2", "deepseek"])
     ap.add_argument("--prepare-only", action="store_true", help="make the files, measure nothing")
     args = ap.parse_args()
-    variants = []  # (model name, format, path, extra flags, MACs per token, its peak)
+    # (model name, format, path, extra flags, (prompt, decode) MACs per token, its peak)
+    variants = []
     if "smollm2" in args.models:
         d = CACHE / "bench" / "quant" / "smollm2"
         make_smollm2(d, args.llama_bin)
-        macs = smollm2_macs()
+        macs = (smollm2_macs(prompt=True), smollm2_macs())
         for fmt, path, peak in (("BF16", d / "bf16", "f32"), ("W8A8", d / "w8a8", "int8"),
                                 ("Q8_0", d / "q8_0.gguf", "int8"),
                                 ("Q4_1", DEFAULT_MODEL, "int8")):
@@ -194,7 +198,7 @@ def main():
         make_moe_gguf.write_checkpoint(bf16)
         fp8 = CACHE / "bench" / "quant" / f"{name}-fp8"
         make_deepseek_fp8(bf16, fp8)
-        macs = deepseek_macs()
+        macs = (deepseek_macs(prompt=True), deepseek_macs())
         for fmt, flag in (("FP8 kept", "fp8"), ("FP8 -> BF16", "bf16")):
             variants.append(("DeepSeek-V3-shaped", fmt, fp8, ["--fp8-weights", flag], macs, "f32"))
         q8 = CACHE / "bench" / f"{name}.Q8_0.gguf"
@@ -217,9 +221,9 @@ def main():
         _, tg, bytes_per_token = bench_compare.dserve_generate(args.dserve, path, args.threads, "1000",
                                                                extra)
         b32 = batch32(args.dserve, path, args.threads, extra)
-        frac = lambda tps: f"{tps * macs / (peak * 1e9):.0%}"  # noqa: E731
+        frac = lambda tps, m: f"{tps * m / (peak * 1e9):.0%}"  # noqa: E731
         print(f"| {name} | {fmt} | {BYTES_PER_WEIGHT[fmt]:.2f} | {pp:.1f} | {tg:.1f} | {b32:.1f} "
-              f"| {frac(pp)} | {tg * bytes_per_token / (dram * 1e9):.0%} | {frac(b32)} |",
+              f"| {frac(pp, macs[0])} | {tg * bytes_per_token / (dram * 1e9):.0%} | {frac(b32, macs[1])} |",
               flush=True)
 
 
