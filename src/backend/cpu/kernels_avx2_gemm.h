@@ -430,8 +430,11 @@ void add_half_kernels(KernelTable& t, DType dtype) {
 //   qs   32 x 32 bytes (above)
 //   qh   Q5_K: 8 x 32 bytes, vector i lane r = row r's qh bytes 4i..4i+3 (bit 2g of byte
 //        l: the fifth bit of element 64g + l; bit 2g + 1: of element 64g + 32 + l)
-//   sc   8 x 8 bytes: [s][r] the 6-bit scale of sub-block s of row r
-//   mn   8 x 8 bytes: [s][r] its 6-bit minimum
+//   sc   64 bytes: the rows' 6-bit scales of sub-blocks 2q, 2q + 1 in 16 bytes each
+//        (scale_pair_offset), read by sub_block_pairs
+//   mn   64 bytes: the rows' 6-bit minima, per pair of sub-blocks 2p, 2p + 1 16 bytes
+//        (mn_2p row 0, mn_2p+1 row 0, mn_2p row 1, ..): one zero-extending load gives
+//        lane r = (mn_2p, mn_2p+1) of row r, the pair the per-32 sums meet
 //   d    8 f16, dmin 8 f16 (lane order)
 struct HalfQ4_K {
   using Block = block_q4_K;
@@ -450,14 +453,22 @@ constexpr int64_t half_kblock_bytes() {
 // so more tokens amortise the unpacking; 6 measured faster than 3 for all three types.
 constexpr int kKTokens = 6;
 
-// Rows' sub-block values (6-bit scales or minima) as int16 pairs: lane r = (v_r, v_r),
-// the form vpmaddwd wants against int16 pairs of one row.
-inline __m256i kquant_pairs(const uint8_t* v8) {
-  int64_t raw;
-  std::memcpy(&raw, v8, 8);
-  const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(raw));
-  return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+// The rows' values (scales) of sub-blocks 2q and 2q + 1 as int16 pairs, the form
+// vpmaddwd wants against int16 pairs of one row: lane r of pair[0] = (v_2q,r, v_2q,r),
+// of pair[1] the same for 2q + 1. The 16 bytes at v16 are [2q rows 0-3, 2q + 1 rows
+// 0-3, 2q rows 4-7, 2q + 1 rows 4-7] (scale_pair_offset): vpunpck works within 128-bit
+// halves, whose first 4 words are then rows 0-3 and 4-7 of 2q. One widening load and
+// two vpunpck for two sub-blocks, where widening each 8 bytes to int32 and doubling
+// took 4 instructions for one.
+template <bool kSigned>
+inline void sub_block_pairs(const uint8_t* v16, __m256i* pair) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v16));
+  const __m256i v = kSigned ? _mm256_cvtepi8_epi16(raw) : _mm256_cvtepu8_epi16(raw);
+  pair[0] = _mm256_unpacklo_epi16(v, v);
+  pair[1] = _mm256_unpackhi_epi16(v, v);
 }
+// Where the packed value of sub-block s of row r sits (sub_block_pairs' layout).
+constexpr int scale_pair_offset(int s, int r) { return 16 * (s / 2) + 4 * (s % 2) + (r % 4) + 8 * (r / 4); }
 
 // Prefetches the super-block two past block b of a half (`bytes` each). The packed
 // halves of a matrix are consecutive, so near a half's end this reaches into the next
@@ -488,10 +499,9 @@ void half_kquant_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t
     const uint8_t* mn = sc + 64;
     const uint8_t* dd = mn + 64;
     __m256i pairs[16];  // scales of sub-blocks 0..7, then minima of pairs of sub-blocks
-    for (int sb = 0; sb < 8; ++sb) pairs[sb] = kquant_pairs(sc + 8 * sb);
+    for (int q = 0; q < 4; ++q) sub_block_pairs<false>(sc + 16 * q, pairs + 2 * q);
     for (int p = 0; p < 4; ++p) {  // (mn_2p, mn_2p+1) per row, against two per-32 sums
-      const __m256i a = kquant_pairs(mn + 16 * p), c = kquant_pairs(mn + 16 * p + 8);
-      pairs[8 + p] = _mm256_blend_epi16(a, c, 0xAA);
+      pairs[8 + p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + 16 * p)));
     }
     // Sub-block 2g + part (the low or high nibbles of group g), kSpan vectors at a time:
     // they are unpacked once into registers and each token in turn takes its products
@@ -603,7 +613,9 @@ void pack_weight_kquant(const uint8_t* w, size_t w_stride, int64_t n_rows, int64
         sc += 256;
       }
       uint8_t* mn = sc + 64;
-      for (int sb = 0; sb < 8; ++sb) q_k_scale_min(sb, src.scales, sc + 8 * sb + r, mn + 8 * sb + r);
+      for (int sb = 0; sb < 8; ++sb) {
+        q_k_scale_min(sb, src.scales, sc + scale_pair_offset(sb, r), mn + 16 * (sb / 2) + 2 * r + sb % 2);
+      }
       std::memcpy(mn + 64 + 2 * r, &src.d, 2);
       std::memcpy(mn + 64 + 16 + 2 * r, &src.dmin, 2);
     }
@@ -637,40 +649,33 @@ void add_kquant_kernels(KernelTable& t, DType dtype) {
 // Element e = 128h + 32i + l of a super-block (h < 2, i < 4, l < 32) is
 //   u = (nibble i >> 1 of ql[64h + 32(i & 1) + l]) | (bits 2i, 2i + 1 of qh[32h + l]) << 4,
 // the weight d sc_s (u - 32) with s = e / 16 (signed 8-bit scales). The packed half
-// keeps those bits as they are, transposed: 32 ql vectors (h, c < 16: lane r = row r's
-// ql bytes 64h + 4c..), 16 qh vectors (h, c < 8: qh bytes 32h + 4c..), the scales [s][r]
-// and d, exactly the rows' bytes. The kernel assembles u for 4 consecutive elements of
-// each of the 4 i at once from one ql pair and one qh vector; u <= 63, so two
-// vpmaddubsw products fit int16 before one vpmaddwd by the sub-block's scale. The -32
-// is taken once per super-block from the activation row's per-16 sums:
+// regroups those 6-bit values at load, 4 to 3 bytes, so that the kernel assembles
+// each with one or two masks rather than from a nibble and two high bits: per h and
+// column c < 8 (l = 4c .. 4c + 3) three vectors X, Y, Z, whose lane r holds row r's
+// 4 elements of i = 0, 1, 2 in bits 0-5 of each byte, and the i = 3 element's 6 bits
+// two at a time in bits 6-7 of X, Y and Z. Then the scales and d, exactly the rows'
+// bytes: the scales of sub-blocks 2q and 2q + 1 in 16 bytes (sub_block_pairs'
+// layout). Same size as the rows.
+// u <= 63, so two vpmaddubsw products fit int16 before one vpmaddwd by the sub-block's
+// scale. The -32 is taken once per super-block from the activation row's per-16 sums:
 // -32 sum_s sc_s sum16_s. Then acc = fma(isum, d dx, acc) per row and token.
 constexpr int64_t kHalfQ6Bytes = 1024 + 512 + 128 + 16;
-
-// Rows' signed 8-bit values as int16 pairs: lane r = (v_r, v_r).
-inline __m256i signed_pairs(const uint8_t* v8) {
-  int64_t raw;
-  std::memcpy(&raw, v8, 8);
-  const __m256i v = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(raw));
-  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-}
 
 template <int NT>
 void half_q6k_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_stride, float* y,
                    int64_t y_stride, int n_rows, const uint8_t* next) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i three = _mm256_set1_epi8(0x03);
+  const __m256i low6 = _mm256_set1_epi8(0x3F);
   Q8x256Row xr[NT];
   for (int t = 0; t < NT; ++t) xr[t] = q8x256_row(x + t * x_stride, nb * 256);
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* ql = half + b * kHalfQ6Bytes;
+    const uint8_t* qs = half + b * kHalfQ6Bytes;
     if constexpr (NT == 1) prefetch_kblock(half, b, nb, kHalfQ6Bytes, next);
-    const uint8_t* qh = ql + 1024;
-    const uint8_t* sc = qh + 512;
+    const uint8_t* sc = qs + 1536;
     const uint8_t* dd = sc + 128;
     __m256i scale[16];
-    for (int sb = 0; sb < 16; ++sb) scale[sb] = signed_pairs(sc + 8 * sb);
+    for (int q = 0; q < 8; ++q) sub_block_pairs<true>(sc + 16 * q, scale + 2 * q);
     __m256i isum[NT];
     for (int t = 0; t < NT; ++t) {
       // -32 sum_s sc_s sum16_s: pairs (sc_2p, sc_2p+1) against (sum16_2p, sum16_2p+1).
@@ -688,17 +693,19 @@ void half_q6k_tile(const uint8_t* half, int64_t nb, const uint8_t* x, int64_t x_
       for (int cp = 0; cp < 4; ++cp) {  // qs columns c = 2cp, 2cp + 1: l = 8cp .. 8cp + 7
         __m256i u[4][2];
         for (int j = 0; j < 2; ++j) {
-          const int c = 2 * cp + j;
-          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * (16 * h + c)));
-          const __m256i bq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * (16 * h + 8 + c)));
-          const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * (8 * h + c)));
-          const __m256i nib[4] = {_mm256_and_si256(a, low4), _mm256_and_si256(bq, low4),
-                                  _mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
-                                  _mm256_and_si256(_mm256_srli_epi16(bq, 4), low4)};
-          for (int i = 0; i < 4; ++i) {
-            const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * i), three);
-            u[i][j] = _mm256_or_si256(nib[i], _mm256_slli_epi16(bits, 4));
-          }
+          const uint8_t* xyz = qs + 96 * (8 * h + 2 * cp + j);
+          const __m256i vx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xyz));
+          const __m256i vy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xyz + 32));
+          const __m256i vz = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xyz + 64));
+          u[0][j] = _mm256_and_si256(vx, low6);
+          u[1][j] = _mm256_and_si256(vy, low6);
+          u[2][j] = _mm256_and_si256(vz, low6);
+          // Bits 6-7 of X, Y, Z to bits 0-1, 2-3, 4-5 by 16-bit shifts (what crosses
+          // from the neighbouring byte lands outside each mask).
+          u[3][j] = _mm256_or_si256(
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vx, 6), _mm256_set1_epi8(0x03)),
+                              _mm256_and_si256(_mm256_srli_epi16(vy, 4), _mm256_set1_epi8(0x0C))),
+              _mm256_and_si256(_mm256_srli_epi16(vz, 2), _mm256_set1_epi8(0x30)));
         }
         for (int t = 0; t < NT; ++t) {
           const uint8_t* xq = reinterpret_cast<const uint8_t*>(xr[t].qs) + 256 * b + 128 * h + 8 * cp;
@@ -763,9 +770,18 @@ void pack_weight_q6k(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t 
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* blk = out + row / kHalfRows * half_bytes + b * kHalfQ6Bytes;
       const block_q6_K& src = blocks[b];
-      for (int c = 0; c < 32; ++c) std::memcpy(blk + 32 * c + 4 * r, src.ql + 4 * c, 4);
-      for (int c = 0; c < 16; ++c) std::memcpy(blk + 1024 + 32 * c + 4 * r, src.qh + 4 * c, 4);
-      for (int sb = 0; sb < 16; ++sb) blk[1536 + 8 * sb + r] = static_cast<uint8_t>(src.scales[sb]);
+      for (int h = 0; h < 2; ++h) {
+        for (int l = 0; l < 32; ++l) {
+          uint8_t u[4];
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t q = src.ql[64 * h + 32 * (i & 1) + l];
+            u[i] = static_cast<uint8_t>((i < 2 ? q & 0x0F : q >> 4) | ((src.qh[32 * h + l] >> (2 * i)) & 3) << 4);
+          }
+          uint8_t* xyz = blk + 96 * (8 * h + l / 4) + 4 * r + l % 4;
+          for (int v = 0; v < 3; ++v) xyz[32 * v] = static_cast<uint8_t>(u[v] | ((u[3] >> (2 * v)) & 3) << 6);
+        }
+      }
+      for (int sb = 0; sb < 16; ++sb) blk[1536 + scale_pair_offset(sb, r)] = static_cast<uint8_t>(src.scales[sb]);
       std::memcpy(blk + 1664 + 2 * r, &src.d, 2);
     }
   }
