@@ -483,7 +483,6 @@ Status DeepseekModel::bind_weights() {
     const size_t kv_b_whole = w.kv_b != nullptr ? w.kv_b->n_bytes : 0;
     DS_RETURN_IF_ERROR(take_rows(&w.kv_b, a + "kv_b_proj.weight", h0 * kvb_rows, (h0 + Hl) * kvb_rows));
     if (w.kv_b != nullptr && w.kv_b->dtype == DType::kF8_E4M3) convert_kept_fp8(&w.kv_b, kv_b_whole);
-    if (w.kv_b == nullptr) can_expand_ = false;
     DS_RETURN_IF_ERROR(build_absorbed(l, &w));
     DS_RETURN_IF_ERROR(
         bind(a + "o_proj.weight", {hidden, H * c.v_head_dim}, true, false, &w.o_proj));
@@ -576,11 +575,44 @@ std::unique_ptr<MlaKvCache> DeepseekModel::new_kv_cache() const {
   return std::make_unique<MlaKvCache>(config_, max_context_);
 }
 
+// kv_b_proj [H * (nope + v), r] for the expanded form. A GGUF may store only its split
+// (attn_k_b, attn_v_b: W_UKᵀ per head, the transpose of what expanding needs), so it is
+// rebuilt from them once, on the first expanded batch (serving attends absorbed and
+// never asks), in F32: the stored values, whatever their type, dequantise to F32
+// exactly, not to BF16 or F16. Expanding attends over qk + v values per key and head
+// where the absorbed form attends over 2 (r + rope): 160 against 576 for V3's shape, so
+// a prompt is cheaper this way. Costs this rank's heads x (nope + v) x r x 4 bytes per
+// layer (V3: 64 MiB).
+const TensorView& DeepseekModel::expanded_kv_b(int layer) {
+  LayerWeights& w = layers_[layer];
+  if (w.kv_b != nullptr) return *w.kv_b;
+  const DeepseekConfig& c = shard_;
+  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  std::vector<uint8_t> bytes(static_cast<size_t>(H * (nope + vd) * r) * sizeof(float));
+  float* out = reinterpret_cast<float*>(bytes.data());
+  std::vector<float> uk_t_row(nope);
+  for (int64_t h = 0; h < H; ++h) {
+    float* head = out + h * (nope + vd) * r;
+    const TensorView& uk_t = w.w_uk_t[h];  // [r, nope]
+    for (int64_t i = 0; i < r; ++i) {
+      dequantize_row(uk_t.dtype, uk_t.row(i), uk_t_row.data(), nope);
+      for (int64_t d = 0; d < nope; ++d) head[d * r + i] = uk_t_row[d];
+    }
+    const TensorView& uv = w.w_uv[h];  // [v, r]
+    for (int64_t e = 0; e < vd; ++e) dequantize_row(uv.dtype, uv.row(e), head + (nope + e) * r, r);
+  }
+  TensorView kv_b;
+  kv_b.dtype = DType::kF32;
+  kv_b.shape = {H * (nope + vd), r};
+  w.kv_b = own(std::move(kv_b), std::move(bytes));
+  return *w.kv_b;
+}
+
 // Expanded MLA over every cached position:
 //   c_all [n_kv, r] <- latent rows;  kvb [n_kv, H, nope + v] = c_all · kv_bᵀ
 //   k [n_kv, H, nope + rope] = [kvb nope part | k_pe];  v [n_kv, H, v_dim]
 //   att [n, H, v] = attention(q [n, H, qk], k, v)
-void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const float* latent,
+void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const float* latent,
                                     int64_t n_kv, std::span<const int32_t> positions) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
@@ -593,7 +625,7 @@ void DeepseekModel::attend_expanded(const LayerWeights& w, int64_t n, const floa
   s.v.resize(n_kv * H * vd);
   for (int64_t j = 0; j < n_kv; ++j)
     std::memcpy(&s.c_all[j * r], latent + j * row, r * sizeof(float));
-  backend_.matmul(*w.kv_b, nullptr, s.c_all.data(), n_kv, s.kvb.data());
+  backend_.matmul(kv_b, nullptr, s.c_all.data(), n_kv, s.kvb.data());
   for (int64_t j = 0; j < n_kv; ++j) {
     const float* k_pe = latent + j * row + r;
     for (int64_t h = 0; h < H; ++h) {
@@ -718,7 +750,7 @@ void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> pos
                          c.softmax_scale());
     });
   } else {
-    attend_expanded(w, n, latent, n_kv, positions);
+    attend_expanded(expanded_kv_b(layer), n, latent, n_kv, positions);
   }
 }
 
@@ -751,10 +783,10 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
   bool absorbed = true;
   switch (path_) {
     case MlaPath::kAuto:
-      absorbed = n == 1 || !can_expand_;
+      absorbed = n == 1;
       break;
     case MlaPath::kExpanded:
-      absorbed = !can_expand_;
+      absorbed = false;
       break;
     case MlaPath::kAbsorbed:
       absorbed = true;

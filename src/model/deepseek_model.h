@@ -9,7 +9,8 @@
 //   kv_b_proj [H * (nope + v), r] holds per head W_UK [nope, r] and W_UV [v, r].
 // Two ways to attend, numerically the same:
 //   expanded (prefill): k_h = [W_UK_h c | kp], v_h = W_UV_h c for every cached
-//     position, then ordinary attention;
+//     position, then ordinary attention (a GGUF with only attn_k_b / attn_v_b gets
+//     its kv_b_proj rebuilt from them in F32 on first use);
 //   absorbed (decode):  q'_h = [W_UK_hᵀ q_nope_h | q_pe_h] attends directly over the
 //     cached rows [c | kp] (one shared KV head of width r + rope), and the result's
 //     first r values go through W_UV_h. Nothing per head is ever cached.
@@ -169,7 +170,8 @@ class DeepseekModel {
     const TensorView* q_b = nullptr;        // [H * qk, q_lora]
     const TensorView* kv_a = nullptr;       // [r + rope, hidden]
     const TensorView* kv_a_norm = nullptr;  // [r]
-    const TensorView* kv_b = nullptr;       // [H * (nope + v), r]   (null: split-only GGUF)
+    const TensorView* kv_b = nullptr;       // [H * (nope + v), r]   (split-only GGUF: built
+                                            // on first use, expanded_kv_b)
     std::vector<TensorView> w_uk_t;         // per head [r, nope]: maps q_nope to latent space
     std::vector<TensorView> w_uv;           // per head [v, r]
     const TensorView* o_proj = nullptr;     // [hidden, H * v]
@@ -246,8 +248,10 @@ class DeepseekModel {
   Status run_layers(std::span<const int32_t> tokens, AttendFn&& attend);
   // logits [rows.size(), vocab] from s.x rows `rows`.
   Status compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
-  void attend_expanded(const LayerWeights& w, int64_t n, const float* latent, int64_t n_kv,
+  void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv,
                        std::span<const int32_t> positions);
+  // The layer's kv_b_proj, built from attn_k_b / attn_v_b when the file has only those.
+  const TensorView& expanded_kv_b(int layer);
   // attend_latent(q_abs [n, H, r + rope], out_lat [n, H, r + rope]) runs the latent
   // attention (contiguous or paged).
   template <typename LatentAttendFn>
@@ -282,7 +286,6 @@ class DeepseekModel {
   size_t model_weight_bytes_ = 0, rank_weight_bytes_ = 0;
   int64_t max_context_ = 0;
   MlaPath path_ = MlaPath::kAuto;
-  bool can_expand_ = true;
   std::unique_ptr<RopeCache> rope_;
 
   const TensorView* embed_ = nullptr;       // [vocab, hidden]
