@@ -185,7 +185,8 @@ def test_latencies_match_the_scripted_delays(dserve_bin, default_model, tmp_path
             # the tolerance there; the means must agree within it.
             tol = TOL_MS if stat == "mean" else 2 * TOL_MS
             assert abs(got - f(served)) < tol, (stat, name, got, f(served))
-            assert abs(got - scripted) < 10, (stat, name, got)  # however loaded the machine
+            # Never earlier than the script: a late timer on a loaded machine only adds.
+            assert got > scripted - tol, (stat, name, got)
     assert abs(res["mean_e2el_ms"] - (res["mean_ttft_ms"] + 20 * (chunks - 1))) < 2 * TOL_MS
     assert all(len(itl) == chunks - 1 for itl in res["itls"])
     assert res["generated_texts"] == [" hello" * chunks] * n
@@ -217,11 +218,13 @@ def test_concurrent_streams_keep_their_inter_token_timing(dserve_bin, default_mo
         res, _ = run_bench(dserve_bin, server.base_url, tmp_path, "--num-prompts", n,
                            "--random-input-len", 16, tokenizer=default_model)
     assert res["completed"] == n and server.max_in_flight == n
-    _, served_itl, served_tpot = served_latencies(server)
+    served_ttft, served_itl, served_tpot = served_latencies(server)
     assert abs(res["mean_itl_ms"] - statistics.fmean(served_itl)) < TOL_MS
     assert abs(res["median_itl_ms"] - statistics.median(served_itl)) < TOL_MS
     assert abs(res["mean_tpot_ms"] - statistics.fmean(served_tpot)) < TOL_MS
-    assert 50 <= res["median_ttft_ms"] < 50 + 30
+    # The client's TTFT is the served one plus the wait for the (one-by-one) accept,
+    # which a loaded machine stretches: bounded below only.
+    assert res["median_ttft_ms"] > statistics.median(served_ttft) - TOL_MS
 
 
 def test_goodput_counts_only_requests_meeting_every_slo(dserve_bin, default_model, tmp_path):
