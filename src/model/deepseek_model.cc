@@ -33,6 +33,17 @@ TensorView row_slice(const TensorView& t, int64_t first, int64_t n_rows) {
   return v;
 }
 
+// dst [cols, rows] = tᵀ in F32, for a 2-D weight t [rows, cols] of any dtype: the
+// absorbed form's W_UKᵀ from kv_b_proj, and kv_b_proj's W_UK from a GGUF's W_UKᵀ.
+void dequantize_transposed(const TensorView& t, float* dst) {
+  const int64_t rows = t.shape[0], cols = t.row_length();
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    dequantize_row(t.dtype, t.row(i), row.data(), cols);
+    for (int64_t j = 0; j < cols; ++j) dst[j * rows + i] = row[j];
+  }
+}
+
 }  // namespace
 
 // A weight dserve made at load time (converted FP8, transposed W_UK) and owns, or
@@ -414,18 +425,16 @@ Status DeepseekModel::build_absorbed(int layer, LayerWeights* w) {
   const bool f32 = kv_b.dtype == DType::kF32;
   const size_t elem = f32 ? 4 : 2;
   std::vector<uint8_t> bytes(static_cast<size_t>(H * r * nope) * elem);
-  std::vector<float> row(r);
+  std::vector<float> uk_t(static_cast<size_t>(r * nope));  // one head's [r, nope]
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t d = 0; d < nope; ++d) {
-      dequantize_row(kv_b.dtype, kv_b.row(h * (nope + vd) + d), row.data(), r);
-      for (int64_t i = 0; i < r; ++i) {
-        const size_t at = static_cast<size_t>((h * r + i) * nope + d);  // [h][i][d]
-        if (f32) {
-          std::memcpy(bytes.data() + at * 4, &row[i], 4);
-        } else {
-          const uint16_t b = f32_to_bf16(row[i]);
-          std::memcpy(bytes.data() + at * 2, &b, 2);
-        }
+    dequantize_transposed(row_slice(kv_b, h * (nope + vd), nope), uk_t.data());
+    uint8_t* head = bytes.data() + static_cast<size_t>(h * r * nope) * elem;
+    if (f32) {
+      std::memcpy(head, uk_t.data(), uk_t.size() * 4);
+    } else {
+      for (size_t i = 0; i < uk_t.size(); ++i) {
+        const uint16_t b = f32_to_bf16(uk_t[i]);
+        std::memcpy(head + i * 2, &b, 2);
       }
     }
     w->w_uv[h] = row_slice(kv_b, h * (nope + vd) + nope, vd);
@@ -590,14 +599,9 @@ const TensorView& DeepseekModel::expanded_kv_b(int layer) {
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
   std::vector<uint8_t> bytes(static_cast<size_t>(H * (nope + vd) * r) * sizeof(float));
   float* out = reinterpret_cast<float*>(bytes.data());
-  std::vector<float> uk_t_row(nope);
   for (int64_t h = 0; h < H; ++h) {
     float* head = out + h * (nope + vd) * r;
-    const TensorView& uk_t = w.w_uk_t[h];  // [r, nope]
-    for (int64_t i = 0; i < r; ++i) {
-      dequantize_row(uk_t.dtype, uk_t.row(i), uk_t_row.data(), nope);
-      for (int64_t d = 0; d < nope; ++d) head[d * r + i] = uk_t_row[d];
-    }
+    dequantize_transposed(w.w_uk_t[h], head);  // W_UK [nope, r] from W_UKᵀ [r, nope]
     const TensorView& uv = w.w_uv[h];  // [v, r]
     for (int64_t e = 0; e < vd; ++e) dequantize_row(uv.dtype, uv.row(e), head + (nope + e) * r, r);
   }
