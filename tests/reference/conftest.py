@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -21,8 +22,10 @@ def build_dir() -> pathlib.Path:
 
 
 def cache_dir() -> pathlib.Path:
+    """Where fixtures are cached: $DSERVE_FIXTURE_CACHE if set (`make test-py-fresh`
+    points it at an empty directory), else $DSERVE_CACHE/fixtures."""
     root = pathlib.Path(os.environ.get("DSERVE_CACHE", pathlib.Path.home() / ".cache" / "dserve"))
-    d = root / "fixtures"
+    d = pathlib.Path(os.environ.get("DSERVE_FIXTURE_CACHE", root / "fixtures"))
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -73,3 +76,88 @@ def default_model() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def fixture_cache() -> pathlib.Path:
     return cache_dir()
+
+
+# ---- The process's shared state stays as it was ----
+# Every test module runs in this one process, so a library that patches shared state
+# when imported (msmodelslim assigns its own pydantic.BaseModel to every pydantic
+# module) changes what the modules after it test, and only on the runs that import it:
+# a fresh machine, where fixtures are built, would then test something else than a
+# warm one. Such libraries run in child processes (quantisers.py); this guard names
+# the module that changed the state anyway, at its collection or after its tests.
+
+_SHARED_MODULES = ("pydantic", "pydantic.main", "openai", "httpx", "torch", "transformers",
+                   "tokenizers", "safetensors", "numpy", "jinja2", "jsonschema", "gguf")
+
+
+def shared_state() -> dict:
+    """name -> object for the shared state the tests rely on (what is loaded now)."""
+    state = {f"sys.modules[{name!r}]": sys.modules[name]
+             for name in _SHARED_MODULES if name in sys.modules}
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None:
+        state["pydantic.BaseModel"] = pydantic.BaseModel
+        state["pydantic.main.BaseModel"] = sys.modules["pydantic.main"].BaseModel
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_default_dtype"):
+        state["torch.get_default_dtype()"] = torch.get_default_dtype()
+        state["torch.is_grad_enabled()"] = torch.is_grad_enabled()
+        state["torch.are_deterministic_algorithms_enabled()"] = (
+            torch.are_deterministic_algorithms_enabled())
+        state["torch.get_default_device()"] = str(torch.get_default_device())
+    return state
+
+
+def state_changes(before: dict, after: dict) -> list:
+    """What differs between two shared_state()s: entries gone or replaced (entries
+    that appeared, libraries loaded for the first time, are not changes)."""
+    return [name for name, value in before.items()
+            if name not in after or (after[name] is not value and after[name] != value)]
+
+
+_last_state = shared_state()  # as of the last check
+
+
+def _changes_since_last_check() -> list:
+    global _last_state
+    now = shared_state()
+    changed = state_changes(_last_state, now)
+    _last_state = now
+    return changed
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest counts the report's outcome
+def pytest_collectreport(report):
+    """Importing a test module must leave the shared state as it was."""
+    if report.outcome != "passed" or not report.nodeid.endswith(".py"):
+        return
+    changed = _changes_since_last_check()
+    if changed:
+        report.outcome = "failed"
+        report.longrepr = (f"importing {report.nodeid} changed the test process's shared "
+                           f"state: {', '.join(changed)}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_state_unchanged(request):
+    """Fails the module whose tests or fixtures (of any scope, set up for it) changed
+    the shared state."""
+    module = request.module.__name__
+    changed = _changes_since_last_check()
+    if changed:
+        pytest.fail(f"setting up {module}'s fixtures changed the test process's shared "
+                    f"state: {', '.join(changed)}", pytrace=False)
+    yield
+    changed = _changes_since_last_check()
+    if changed:
+        pytest.fail(f"{module} changed the test process's shared state: "
+                    f"{', '.join(changed)}", pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Session-scoped fixtures' teardowns run after the last module's check."""
+    changed = _changes_since_last_check()
+    if changed:
+        print(f"\nthe session's fixture teardowns changed the test process's shared state: "
+              f"{', '.join(changed)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

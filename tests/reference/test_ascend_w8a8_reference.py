@@ -23,20 +23,21 @@ with q_x = clamp(round(x / input_scale) + input_offset) (the float bias is in
 quant_bias). dserve's log-probs must agree within 1e-3 at every position, up to
 activations on a rounding tie (test_w8a8_reference.assert_agrees_up_to_ties).
 """
-import contextlib
-import importlib.metadata
 import json
 import shutil
 
 import pytest
 
-from conftest import cache_dir, content_key, run
+from conftest import cache_dir, content_key
 
 import torch
 import transformers
 
-pytest.importorskip("llmcompressor")  # the float fixtures come from the W8A8 tests
+import quantisers  # noqa: E402
 import safetensors.torch  # noqa: E402
+
+if quantisers.version("llmcompressor") is None:  # the float fixtures come from the W8A8 tests
+    pytest.skip("llmcompressor is not installed", allow_module_level=True)
 
 import test_w8a8_deepseek_reference as dsw  # noqa: E402
 import test_w8a8_reference as w8a8  # noqa: E402
@@ -54,13 +55,6 @@ def _float_model(kind, name):
     float_dir, _ = w8a8._fixture(case)
     model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
     return float_dir, model.eval(), w8a8._prompt(case)
-
-
-def _msmodelslim_version():
-    try:
-        return importlib.metadata.version("msmodelslim")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _quantised_linears(model):
@@ -147,40 +141,18 @@ CASES = [
 ]
 
 
-def _run_msmodelslim(model, out_dir, static, vocab, seed):
-    """msmodelslim's one-shot W8A8 on the CPU (min-max activations), its files renamed
-    to what vllm-ascend reads."""
-    from msmodelslim.pytorch.llm_ptq.llm_ptq_tools import Calibrator, QuantConfig
-    config = QuantConfig(w_bit=8, a_bit=8, disable_names=["lm_head"], dev_type="cpu",
-                         act_method=1, is_dynamic=not static)
-    g = torch.Generator().manual_seed(3000 + seed)
-    data = [[torch.randint(0, vocab, (1, 64), generator=g)] for _ in range(4)]
-    # Its calibrator leaves a features.npy in the working directory: run it in out_dir's.
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.chdir(out_dir.parent):
-        calibrator = Calibrator(model, config, calib_data=data, disable_level="L0")
-        calibrator.run()
-    raw = out_dir.with_name("raw")
-    calibrator.save(str(raw), save_type=["safe_tensor"])
-    out_dir.mkdir(parents=True)
-    (weights,) = raw.glob("quant_model_weight_*.safetensors")
-    (description,) = raw.glob("quant_model_description_*.json")
-    weights.rename(out_dir / "model.safetensors")
-    description.rename(out_dir / "quant_model_description.json")
-    model.config.save_pretrained(out_dir)
-
-
 def fixture(case):
     """(float dir, ascend dir, prompt) for a case, written once and cached."""
     float_dir, model, prompt = _float_model(case["kind"], case["base"])
     key = content_key(case, FIXTURE_VERSION, transformers.__version__, torch.__version__,
-                      _msmodelslim_version())
+                      quantisers.version("msmodelslim"))
     d = cache_dir() / f"ascend-w8a8-{case['name']}-{key}"
     if not (d / "done").exists():
         tmp = d.with_name(d.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         if case["kind"] == "msmodelslim":
-            _run_msmodelslim(model, tmp / "w8a8", case["static"], case["vocab"], len(case["name"]))
+            quantisers.run("msmodelslim_w8a8", float_dir=float_dir, out_dir=tmp / "w8a8",
+                           vocab=case["vocab"], seed=len(case["name"]), static=case["static"])
         else:
             _write(model, tmp / "w8a8", case["static"], case["vocab"], len(case["name"]), prompt)
         (tmp / "done").write_text("")
@@ -259,7 +231,7 @@ def _reference_model(case, w8a8_dir):
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_against_torch_reference(case, dserve_bin, tmp_path):
-    if case["kind"] == "msmodelslim" and _msmodelslim_version() is None:
+    if case["kind"] == "msmodelslim" and quantisers.version("msmodelslim") is None:
         pytest.skip("msmodelslim is not installed (requirements-test-nodeps.txt)")
     float_dir, w8a8_dir, prompt = fixture(case)
     description = json.loads((w8a8_dir / "quant_model_description.json").read_text())

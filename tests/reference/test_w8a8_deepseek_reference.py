@@ -32,8 +32,11 @@ from conftest import cache_dir, content_key, run
 import torch
 import transformers
 
-llmcompressor = pytest.importorskip("llmcompressor")
+import quantisers  # noqa: E402
 import safetensors.torch  # noqa: E402
+
+if quantisers.version("llmcompressor") is None:
+    pytest.skip("llmcompressor is not installed", allow_module_level=True)
 
 import test_deepseek_reference as ds  # noqa: E402
 import test_w8a8_reference as w8a8  # noqa: E402
@@ -47,7 +50,7 @@ CASES = ["v3-qlora-yarn", "v2-grouped"]
 
 
 def _tokenizer():
-    """A word-level tokenizer over the ids: llmcompressor wants a processor to save."""
+    """A word-level tokenizer over the ids, saved beside the float checkpoint."""
     from tokenizers import Tokenizer, models
     vocab = {str(i): i for i in range(ds.VOCAB)}
     return transformers.PreTrainedTokenizerFast(
@@ -76,46 +79,27 @@ def _conversion_mappings_restored():
 
 def _load_linearised(model_dir):
     """The model with its MoE experts as one nn.Linear per projection (llmcompressor's),
-    for use in memory (it is not saved: _quantise saves inside its own block)."""
+    for use in memory (it is not saved; quantisers.llmcompressor_deepseek_w8a8 saves in
+    a process of its own)."""
     from llmcompressor.modeling.moe.linearize import load_quantizable_moe
     with _conversion_mappings_restored(), load_quantizable_moe():
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return model.eval()
 
 
-def _quantise(float_dir, out_dir, seed):
-    from datasets import Dataset
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-    g = torch.Generator().manual_seed(2000 + seed)
-    ids = torch.randint(0, ds.VOCAB, (16, 64), generator=g)
-    data = Dataset.from_dict({"input_ids": ids.tolist(),
-                              "attention_mask": torch.ones_like(ids).tolist()})
-    from llmcompressor.modeling.moe.linearize import load_quantizable_moe
-    # Saved with llmcompressor's mappings (one tensor per expert projection), which
-    # are then undone.
-    with _conversion_mappings_restored():
-        with load_quantizable_moe():
-            model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
-        recipe = QuantizationModifier(targets="Linear", scheme="W8A8",
-                                      ignore=["lm_head", "re:.*mlp.gate$"])
-        oneshot(model=model.eval(), dataset=data, recipe=recipe, processor=_tokenizer(),
-                num_calibration_samples=16, max_seq_length=64)
-        model.save_pretrained(out_dir, save_compressed=True)
-
-
 def fixture(name):
     """(float dir, W8A8 dir) for a test_deepseek_reference case, built once and cached."""
     case = ds._case(name)
     key = content_key(case, FIXTURE_VERSION, ds.VOCAB, transformers.__version__,
-                      torch.__version__, llmcompressor.__version__)
+                      torch.__version__, quantisers.version("llmcompressor"))
     d = cache_dir() / f"w8a8-deepseek-{name}-{key}"
     if not (d / "done").exists():
         tmp = d.with_name(d.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         ds._build_model(case).save_pretrained(tmp / "float")
         _tokenizer().save_pretrained(tmp / "float")
-        _quantise(tmp / "float", tmp / "w8a8", case["seed"])
+        quantisers.run("llmcompressor_deepseek_w8a8", float_dir=tmp / "float",
+                       out_dir=tmp / "w8a8", vocab=ds.VOCAB, seed=2000 + case["seed"])
         (tmp / "done").write_text("")
         shutil.rmtree(d, ignore_errors=True)
         tmp.rename(d)

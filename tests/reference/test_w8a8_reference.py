@@ -35,8 +35,11 @@ from conftest import cache_dir, content_key, run
 import torch
 import transformers
 
-llmcompressor = pytest.importorskip("llmcompressor")
+import quantisers  # noqa: E402
 import safetensors.torch  # noqa: E402
+
+if quantisers.version("llmcompressor") is None:
+    pytest.skip("llmcompressor is not installed", allow_module_level=True)
 
 VOCAB = 256
 PROMPT_LEN = 48
@@ -82,49 +85,25 @@ def _build_float_model(case):
 
 
 def _tokenizer():
-    """A word-level tokenizer over the ids: llmcompressor wants a processor to save."""
+    """A word-level tokenizer over the ids, saved beside the float checkpoint."""
     from tokenizers import Tokenizer, models
     vocab = {str(i): i for i in range(VOCAB)}
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")))
 
 
-def _recipe(static):
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-    if not static:
-        return QuantizationModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"])
-    int8 = dict(num_bits=8, type="int", symmetric=True)
-    return QuantizationModifier(ignore=["lm_head"], config_groups={"group_0": {
-        "targets": ["Linear"],
-        "weights": dict(int8, strategy="channel", dynamic=False),
-        "input_activations": dict(int8, strategy="tensor", dynamic=False),
-    }})
-
-
-def _quantise(float_dir, out_dir, case):
-    from datasets import Dataset
-    from llmcompressor import oneshot
-    g = torch.Generator().manual_seed(2000 + case["seed"])
-    ids = torch.randint(0, VOCAB, (16, 64), generator=g)
-    data = Dataset.from_dict({"input_ids": ids.tolist(),
-                              "attention_mask": torch.ones_like(ids).tolist()})
-    model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
-    oneshot(model=model, dataset=data, recipe=_recipe(case["static"]),
-            processor=_tokenizer(), num_calibration_samples=16, max_seq_length=64)
-    model.save_pretrained(out_dir, save_compressed=True)
-
-
 def _fixture(case):
     """(float dir, W8A8 dir) for a case, built once and cached."""
     key = content_key(case, FIXTURE_VERSION, VOCAB, transformers.__version__,
-                      torch.__version__, llmcompressor.__version__)
+                      torch.__version__, quantisers.version("llmcompressor"))
     d = cache_dir() / f"w8a8-{case['name']}-{key}"
     if not (d / "done").exists():
         tmp = d.with_name(d.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         _build_float_model(case).save_pretrained(tmp / "float")
         _tokenizer().save_pretrained(tmp / "float")
-        _quantise(tmp / "float", tmp / "w8a8", case)
+        quantisers.run("llmcompressor_w8a8", float_dir=tmp / "float", out_dir=tmp / "w8a8",
+                       vocab=VOCAB, seed=2000 + case["seed"], static=case["static"])
         (tmp / "done").write_text("")
         shutil.rmtree(d, ignore_errors=True)
         tmp.rename(d)
@@ -448,30 +427,17 @@ SMOLLM2_VERSION = 4
 CALIBRATION_TOKENS = 200  # written by the BF16 model after each of the smollm2 prompts
 
 
-def _smoothquant_w8a8_recipe():
-    """llmcompressor's W8A8 recipe as its docs give it, without GPTQ (18 minutes on a
-    2-core machine for this model): SmoothQuant moves the activations' outlier channels
-    into the weights, then int8 per-channel weights and dynamic per-token int8
-    activations, lm_head in float."""
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-    from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
-    return [SmoothQuantModifier(smoothing_strength=0.8),
-            QuantizationModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"])]
-
-
 @pytest.fixture(scope="module")
 def smollm2_w8a8(default_model):
     """SmolLM2-135M-Instruct as transformers reads the default model's GGUF, in BF16,
-    quantised to W8A8 by llmcompressor (_smoothquant_w8a8_recipe), calibrated on text the
-    BF16 model itself wrote (sampled, seeded) after the smollm2 tests' prompts, so that
-    the evaluation text stays unseen; with transformers' BF16 log-likelihood of the
+    quantised to W8A8 by llmcompressor (quantisers.llmcompressor_smoothquant_w8a8),
+    calibrated on text the BF16 model itself wrote (sampled, seeded) after the smollm2
+    tests' prompts, so that the evaluation text stays unseen; with transformers' BF16 log-likelihood of the
     whole lighthouse text and the format's exact forward of the W8A8 checkpoint."""
-    from datasets import Dataset
-    from llmcompressor import oneshot
     from test_smollm2_reference import PROMPTS, TEXT, _load_reference_model, _sha256
     key = content_key(_sha256(default_model), SMOLLM2_VERSION, CALIBRATION_TOKENS,
-                      transformers.__version__, torch.__version__, llmcompressor.__version__,
-                      TEXT.read_text(), PROMPTS)
+                      transformers.__version__, torch.__version__,
+                      quantisers.version("llmcompressor"), TEXT.read_text(), PROMPTS)
     d = cache_dir() / f"w8a8-smollm2-{key}"
     if not (d / "done").exists():
         tmp = d.with_name(d.name + ".tmp")
@@ -500,12 +466,9 @@ def smollm2_w8a8(default_model):
                                      temperature=1.0, max_new_tokens=CALIBRATION_TOKENS,
                                      min_new_tokens=CALIBRATION_TOKENS)
             rows.append(out[0].tolist())
-        data = Dataset.from_dict({"input_ids": rows,
-                                  "attention_mask": [[1] * len(r) for r in rows]})
-        oneshot(model=model, dataset=data, processor=tok, num_calibration_samples=len(rows),
-                max_seq_length=max(map(len, rows)), recipe=_smoothquant_w8a8_recipe())
-        model.save_pretrained(tmp / "w8a8", save_compressed=True)
-        tok.save_pretrained(tmp / "w8a8")
+        (tmp / "calibration.json").write_text(json.dumps(rows))
+        quantisers.run("llmcompressor_smoothquant_w8a8", bf16_dir=tmp / "bf16",
+                       out_dir=tmp / "w8a8", calibration_rows=tmp / "calibration.json")
         # The format's exact forward of the saved checkpoint: the reference.
         exact_nll = _nll(format_exact_model(tmp / "w8a8", tmp / "bf16"), x)
         (tmp / "reference.json").write_text(json.dumps({"ids": ids, "bf16_nll": nll,
