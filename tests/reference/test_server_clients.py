@@ -1,5 +1,5 @@
 """What clients nobody on the project wrote (the openai SDK, lm-eval, guidellm, litellm)
-found in `dserve serve` (issue 17), each checked through the openai SDK or raw HTTP
+found in `dserve serve`, each checked through the openai SDK or raw HTTP
 against a reference: transformers' tokenizer for the default model (what the stop
 token is, how many tokens a text is), prometheus_client's parser for /metrics, the
 gguf package to write a model file with a huge context_length."""

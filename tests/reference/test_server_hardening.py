@@ -1,4 +1,4 @@
-"""The HTTP front end against hostile, idle and departing clients (issue 18).
+"""The HTTP front end against hostile, idle and departing clients.
 
 Raw sockets play the attacker and the careless client; what counts as right comes from
 outside dserve: HTTP/1.1's rules (RFC 9110/9112: 405 with Allow, 413, 431, 411,

@@ -301,10 +301,10 @@ def test_constrained_output_is_the_same_alone_and_batched(server, model_id):
 
 
 def test_readme_example(server):
-    """The README's structured-output curl command, as printed (but on this port)."""
+    """The structured-output curl command of docs/serving.md, as printed (but on this port)."""
     from conftest import REPO
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Structured output", 1)[1]
+    text = (REPO / "docs" / "serving.md").read_text()
+    section = text.split("## Structured output", 1)[1]
     cmd = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     cmd = cmd.replace("localhost:8000", f"127.0.0.1:{server.port}")
     r = subprocess.run(["bash", "-c", cmd.strip() + " --fail-with-body"], capture_output=True,

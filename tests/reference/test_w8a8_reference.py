@@ -486,7 +486,7 @@ def test_smollm2_w8a8_perplexity(smollm2_w8a8, dserve_bin, tmp_path):
 
     Measured (2026-12-02, SmoothQuant 0.8 recipe): the exact forward is +0.92% from
     BF16 (the quantisation's own error; across llmcompressor's recipes +0.7% to +3.4%
-    on this model, README); dserve AVX2 +0.06% from it, scalar -0.36%. The two levels
+    on this model, docs/testing.md); dserve AVX2 +0.06% from it, scalar -0.36%. The two levels
     differ because one activation that sits on a rounding tie and rounds the other way
     moves every later log-prob by up to 0.5 here (SmolLM2's massive activations), and
     about one activation per token sits within float noise of a tie (210 layers' inputs
