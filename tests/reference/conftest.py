@@ -86,8 +86,14 @@ def fixture_cache() -> pathlib.Path:
 # warm one. Such libraries run in child processes (quantisers.py); this guard names
 # the module that changed the state anyway, at its collection or after its tests.
 
-_SHARED_MODULES = ("pydantic", "pydantic.main", "openai", "httpx", "torch", "transformers",
-                   "tokenizers", "safetensors", "numpy", "jinja2", "jsonschema", "gguf")
+# transformers' own top-level module is left out: it is a lazy module that replaces its
+# sys.modules entry with a new one when some of its submodules first load
+# (processing_utils re-executes transformers/__init__.py), which is transformers' own
+# doing; its real modules stand for it.
+_SHARED_MODULES = ("pydantic", "pydantic.main", "openai", "httpx", "torch",
+                   "transformers.configuration_utils", "transformers.modeling_utils",
+                   "transformers.tokenization_utils_base", "tokenizers", "safetensors", "numpy",
+                   "jinja2", "jsonschema", "gguf")
 
 
 def shared_state() -> dict:
