@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "chat/value.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
@@ -95,4 +95,4 @@ struct Node {
   std::vector<std::pair<AssignTarget, ExprPtr>> assigns;
 };
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -1,9 +1,9 @@
 // Jinja's built-in tests (`x is defined`, `x is string`, ...), jinja2/tests.py.
-#include "chat/builtins.h"
-#include "chat/operators.h"
-#include "chat/py_str.h"
+#include "jinja/builtins.h"
+#include "jinja/operators.h"
+#include "jinja/py_str.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 const Value& arg(const CallArgs& args, std::string_view test) {
@@ -86,4 +86,4 @@ bool apply_test(std::string_view name, const Value& v, CallArgs& args) {
   throw TemplateError("no test named '" + std::string(name) + "'");
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

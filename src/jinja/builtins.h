@@ -7,9 +7,9 @@
 
 #include <string_view>
 
-#include "chat/value.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // `input | name(args)`.
 Value apply_filter(std::string_view name, const Value& input, CallArgs& args);
@@ -31,4 +31,4 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
 // self.name(args) for the str, dict and list methods templates use.
 Value call_method(const Value& self, std::string_view name, CallArgs& args);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

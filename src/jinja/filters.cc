@@ -5,12 +5,12 @@
 #include <cstdlib>
 #include <unordered_map>
 
-#include "chat/builtins.h"
-#include "chat/json_value.h"
-#include "chat/py_format.h"
-#include "chat/py_str.h"
+#include "jinja/builtins.h"
+#include "jinja/json_value.h"
+#include "jinja/py_format.h"
+#include "jinja/py_str.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 using FilterFn = Value (*)(const Value&, CallArgs&);
@@ -707,4 +707,4 @@ Value apply_filter(std::string_view name, const Value& input, CallArgs& args) {
   return it->second(input, args);
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -1,9 +1,9 @@
-#include "chat/globals.h"
+#include "jinja/globals.h"
 
 #include <ctime>
 #include <memory>
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 // dict(*args, **kwargs): an optional mapping or iterable of pairs, then keywords.
@@ -115,4 +115,4 @@ std::unordered_map<std::string, Value> make_globals() {
   return g;
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

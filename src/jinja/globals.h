@@ -7,13 +7,13 @@
 #include <string>
 #include <unordered_map>
 
-#include "chat/value.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // Jinja's sandbox refuses ranges longer than this.
 inline constexpr int64_t kMaxRange = 100000;
 
 std::unordered_map<std::string, Value> make_globals();
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

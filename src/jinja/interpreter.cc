@@ -1,10 +1,10 @@
-#include "chat/interpreter.h"
+#include "jinja/interpreter.h"
 
-#include "chat/builtins.h"
-#include "chat/globals.h"
-#include "chat/operators.h"
+#include "jinja/builtins.h"
+#include "jinja/globals.h"
+#include "jinja/operators.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 Interpreter::Interpreter(const RenderLimits& limits) : limits_(limits) {}
 
@@ -376,4 +376,4 @@ Value Interpreter::call_macro(const Macro& macro, CallArgs& args) {
   return Value::string(std::move(out));
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

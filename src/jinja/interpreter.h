@@ -15,11 +15,11 @@
 #include <utility>
 #include <vector>
 
-#include "chat/ast.h"
-#include "chat/template.h"
-#include "chat/value.h"
+#include "jinja/ast.h"
+#include "jinja/template.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 class Interpreter {
  public:
@@ -57,4 +57,4 @@ class Interpreter {
   int call_depth_ = 0;
 };
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

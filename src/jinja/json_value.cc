@@ -1,11 +1,11 @@
-#include "chat/json_value.h"
+#include "jinja/json_value.h"
 
 #include <algorithm>
 #include <cstdio>
 
-#include "chat/py_str.h"
+#include "jinja/py_str.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 constexpr int kMaxJsonDepth = 100;
@@ -215,4 +215,4 @@ std::string json_dumps(const Value& v, const JsonDumpOptions& options) {
   return out;
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 
-#include "chat/value.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // JSON objects keep their key order (Python dicts are insertion-ordered); integers
 // stay ints, other numbers become floats. Nesting deeper than 100 levels throws
@@ -30,4 +30,4 @@ struct JsonDumpOptions {
 // of type Undefined is not JSON serializable"), as in Python.
 std::string json_dumps(const Value& v, const JsonDumpOptions& options);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -1,12 +1,12 @@
-#include "chat/lexer.h"
+#include "jinja/lexer.h"
 
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
 
-#include "chat/py_str.h"
+#include "jinja/py_str.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 // Jinja's operators, longest first so "**" wins over "*".
@@ -476,4 +476,4 @@ std::vector<Token> tokenize(std::string_view source) {
   return Lexer(normalize_newlines(source)).run();
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // A template that does not parse; line and column are 1-based.
 class SyntaxError : public std::runtime_error {
@@ -49,4 +49,4 @@ struct Token {
 // Throws SyntaxError on a malformed tag, string or number.
 std::vector<Token> tokenize(std::string_view source);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -2,11 +2,11 @@
 // templates call (message.content.strip(), messages[0]['role'], tool.get('x'), ...).
 #include <algorithm>
 
-#include "chat/builtins.h"
-#include "chat/py_format.h"
-#include "chat/py_str.h"
+#include "jinja/builtins.h"
+#include "jinja/py_format.h"
+#include "jinja/py_str.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 constexpr std::string_view kStrMethods[] = {
@@ -384,4 +384,4 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   return Value::undefined("'" + object_type_repr(obj) + "' is not subscriptable");
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -1,11 +1,11 @@
-#include "chat/operators.h"
+#include "jinja/operators.h"
 
 #include <cmath>
 #include <string>
 
-#include "chat/py_format.h"
+#include "jinja/py_format.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 [[noreturn]] void unsupported(std::string_view op, const Value& a, const Value& b) {
@@ -226,4 +226,4 @@ bool compare_op(std::string_view op, const Value& a, const Value& b) {
   throw TemplateError("unknown comparison " + std::string(op));
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

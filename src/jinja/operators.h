@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <string_view>
 
-#include "chat/value.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // `op` is one of + - * / // % ** ~. A result string or list longer than `max_size`
 // (bytes or items) is an error.
@@ -22,4 +22,4 @@ bool compare_op(std::string_view op, const Value& a, const Value& b);
 // item in container.
 bool contains(const Value& container, const Value& item);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

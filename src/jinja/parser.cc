@@ -1,10 +1,10 @@
-#include "chat/parser.h"
+#include "jinja/parser.h"
 
 #include <initializer_list>
 
-#include "chat/lexer.h"
+#include "jinja/lexer.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 class Parser {
@@ -827,4 +827,4 @@ class Parser {
 
 Body parse_template(std::string_view source) { return Parser(tokenize(source)).parse(); }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -7,9 +7,9 @@
 
 #include <string_view>
 
-#include "chat/ast.h"
+#include "jinja/ast.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // Deeper nesting of blocks or expressions than this is refused (it would only
 // exhaust the stack of the recursive parser and interpreter).
@@ -18,4 +18,4 @@ inline constexpr int kMaxNestingDepth = 100;
 // Throws SyntaxError (with line and column) on any malformed template.
 Body parse_template(std::string_view source);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

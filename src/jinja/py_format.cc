@@ -1,13 +1,13 @@
-#include "chat/py_format.h"
+#include "jinja/py_format.h"
 
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 
-#include "chat/builtins.h"
-#include "chat/py_str.h"
+#include "jinja/builtins.h"
+#include "jinja/py_str.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 constexpr int64_t kMaxWidth = int64_t{1} << 20;
@@ -406,4 +406,4 @@ std::string str_format(const std::string& format, const CallArgs& args) {
   return out;
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

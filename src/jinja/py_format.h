@@ -7,9 +7,9 @@
 #include <string>
 #include <string_view>
 
-#include "chat/value.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // format % args: %s %r %a %d %i %u %f %F %e %E %g %G %x %X %o %c %%, with flags,
 // width, precision and %(name)s keys. `args` is a tuple, a dict (for keys) or one value.
@@ -23,4 +23,4 @@ std::string str_format(const std::string& format, const CallArgs& args);
 // format(value, spec), the builtin behind a str.format field.
 std::string format_value(const Value& v, std::string_view spec);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -1,4 +1,4 @@
-#include "chat/py_str.h"
+#include "jinja/py_str.h"
 
 #include <unicode/locid.h>
 #include <unicode/uchar.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdio>
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 constexpr char32_t kEscapeBase = 0xDC00;  // invalid byte b decodes to kEscapeBase + b
@@ -442,4 +442,4 @@ std::vector<int64_t> py_slice_indices(int64_t length, std::optional<int64_t> sta
   return out;
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 std::u32string decode_utf8(std::string_view s);
 std::string encode_utf8(std::u32string_view s);
@@ -65,4 +65,4 @@ std::string py_repr_float(double x);
 std::vector<int64_t> py_slice_indices(int64_t length, std::optional<int64_t> start,
                                       std::optional<int64_t> stop, std::optional<int64_t> step);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

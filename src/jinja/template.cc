@@ -1,12 +1,12 @@
-#include "chat/template.h"
+#include "jinja/template.h"
 
 #include <new>
 
-#include "chat/interpreter.h"
-#include "chat/lexer.h"
-#include "chat/parser.h"
+#include "jinja/interpreter.h"
+#include "jinja/lexer.h"
+#include "jinja/parser.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 Result<std::unique_ptr<Template>> Template::parse(std::string_view source) {
   std::unique_ptr<Template> t(new Template());
@@ -38,4 +38,4 @@ Result<std::string> Template::render(const std::vector<std::pair<std::string, Va
   }
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

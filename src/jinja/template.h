@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "base/status.h"
-#include "chat/ast.h"
-#include "chat/value.h"
+#include "jinja/ast.h"
+#include "jinja/value.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // Bounds on one render, so a runaway template fails instead of hanging or growing
 // without limit.
@@ -45,4 +45,4 @@ class Template {
   Body body_;
 };
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

@@ -1,8 +1,8 @@
-#include "chat/value.h"
+#include "jinja/value.h"
 
-#include "chat/py_str.h"
+#include "jinja/py_str.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 // Printing or comparing a container that holds itself (possible through append or a
@@ -438,4 +438,4 @@ int64_t checked_int(const Value& v, std::string_view what) {
          "' object cannot be interpreted as an integer");
 }
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

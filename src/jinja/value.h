@@ -26,7 +26,7 @@
 #include <variant>
 #include <vector>
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 
 // A render-time error: a Jinja exception, a Python TypeError, a limit hit.
 class TemplateError : public std::runtime_error {
@@ -202,4 +202,4 @@ std::vector<std::optional<Value>> bind_args(const CallArgs& args,
 // Python int/float helpers that raise TemplateError on overflow or bad operands.
 int64_t checked_int(const Value& v, std::string_view what);
 
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja

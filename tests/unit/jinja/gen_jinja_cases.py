@@ -1,7 +1,7 @@
 """Regenerates jinja_cases.inc: Jinja snippets with the output transformers' Jinja
 environment gives them (or that it raises), for jinja_test.cc.
 
-    .venv/bin/python tests/unit/chat/gen_jinja_cases.py > tests/unit/chat/jinja_cases.inc
+    .venv/bin/python tests/unit/jinja/gen_jinja_cases.py > tests/unit/jinja/jinja_cases.inc
 """
 import json
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "chat/json_value.h"
-#include "chat/template.h"
+#include "jinja/json_value.h"
+#include "jinja/template.h"
 
-namespace dserve::chat::jinja {
+namespace dserve::jinja {
 namespace {
 
 struct JinjaCase {
@@ -211,4 +211,4 @@ TEST(JinjaTest, RandomTemplatesNeverCrash) {
 }
 
 }  // namespace
-}  // namespace dserve::chat::jinja
+}  // namespace dserve::jinja
