@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "chat/json_value.h"
+#include "jinja/json_value.h"
 
 namespace dserve::chat {
 namespace {

@@ -22,7 +22,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "chat/template.h"
+#include "jinja/template.h"
 
 namespace dserve::chat {
 

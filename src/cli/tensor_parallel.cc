@@ -126,7 +126,16 @@ class LocalRanks final : public RankWatcher {
   std::map<pid_t, int> reaped_;  // wait status of children already reaped
 };
 
-Status check_options(const TensorParallelOptions& o) {
+
+[[noreturn]] void end_worker(int rank, const Status& s) {
+  if (s.ok()) std::exit(0);
+  Status named = s.message().rfind("rank ", 0) == 0 ? s : s.with_context("rank " + std::to_string(rank));
+  std::exit(report_error(named));
+}
+
+}  // namespace
+
+Status validate_tensor_parallel(const TensorParallelOptions& o) {
   if (o.size < 1) return invalid_argument("--tensor-parallel-size must be at least 1");
   if (o.nnodes < 1 || o.size % o.nnodes != 0) {
     return invalid_argument("--nnodes " + std::to_string(o.nnodes) + " must divide --tensor-parallel-size " +
@@ -140,14 +149,6 @@ Status check_options(const TensorParallelOptions& o) {
   if (!(o.timeout_s > 0)) return invalid_argument("--distributed-timeout must be positive");
   return Status::Ok();
 }
-
-[[noreturn]] void end_worker(int rank, const Status& s) {
-  if (s.ok()) std::exit(0);
-  Status named = s.message().rfind("rank ", 0) == 0 ? s : s.with_context("rank " + std::to_string(rank));
-  std::exit(report_error(named));
-}
-
-}  // namespace
 
 void add_tensor_parallel_options(CLI::App* cmd, TensorParallelOptions* o) {
   cmd->add_option("--tensor-parallel-size", o->size,
@@ -176,7 +177,7 @@ void remember_command_line(int argc, char** argv) {
 Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOptions& o,
                                                       std::unique_ptr<ModelFiles> files, Backend& backend,
                                                       int64_t context, const std::string& fingerprint) {
-  DS_RETURN_IF_ERROR(check_options(o));
+  DS_RETURN_IF_ERROR(validate_tensor_parallel(o));
   if (o.size == 1) return load_causal_lm(std::move(files), backend, context);
 
   const int per_node = o.size / o.nnodes;

@@ -53,6 +53,10 @@ struct TensorParallelOptions {
 
 void add_tensor_parallel_options(CLI::App* cmd, TensorParallelOptions* o);
 
+// Checks the flags together: a size of at least 1 that --nnodes divides, --node-rank
+// among the nodes, a port, a positive timeout; one clear error naming the flag.
+Status validate_tensor_parallel(const TensorParallelOptions& o);
+
 // The command line this process was started with (main calls it first), so that the
 // launcher can start the other ranks with the same one.
 void remember_command_line(int argc, char** argv);

@@ -6,6 +6,7 @@
 
 #include "loader/gguf_file.h"
 #include "loader/model_files.h"
+#include "model/config_core.h"
 #include "model/json_fields.h"
 
 namespace dserve {
@@ -38,81 +39,6 @@ namespace {
 
 constexpr std::string_view kSupportedHf = "LlamaForCausalLM, Qwen2ForCausalLM";
 
-
-// Reads transformers' RoPE parameters. transformers 5 saves them as
-// `rope_parameters` (with rope_theta inside); older files have `rope_scaling` and a
-// top-level `rope_theta`. Either way the result is what transformers'
-// standardize_rope_params() would produce.
-Status parse_hf_rope(const nlohmann::json& config, const std::string& source, int64_t max_pos,
-                     int head_dim, RopeConfig* rope) {
-  JsonFields top(config, source);
-  nlohmann::json params = nlohmann::json::object();
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (!top.has(key)) continue;
-    if (!config[key].is_object()) return corrupt(source + ": '" + key + "' must be an object");
-    for (const auto& [k, v] : config[key].items()) params[k] = v;
-  }
-  const std::string rope_source = source + " rope_parameters";
-  JsonFields r(params, rope_source);
-
-  rope->theta = 10000.0;
-  DS_RETURN_IF_ERROR(top.get_double("rope_theta", &rope->theta, false));
-  DS_RETURN_IF_ERROR(r.get_double("rope_theta", &rope->theta, false));
-  double partial = 1.0;
-  DS_RETURN_IF_ERROR(top.get_double("partial_rotary_factor", &partial, false));
-  DS_RETURN_IF_ERROR(r.get_double("partial_rotary_factor", &partial, false));
-  rope->rotary_dim = static_cast<int>(head_dim * partial);
-
-  std::string type = "default";
-  DS_RETURN_IF_ERROR(r.get_string("type", &type));
-  DS_RETURN_IF_ERROR(r.get_string("rope_type", &type));
-  if (type == "default") {
-    rope->type = RopeScalingType::kDefault;
-  } else if (type == "linear") {
-    rope->type = RopeScalingType::kLinear;
-  } else if (type == "llama3") {
-    rope->type = RopeScalingType::kLlama3;
-  } else if (type == "yarn") {
-    rope->type = RopeScalingType::kYarn;
-  } else {
-    return unimplemented(source + ": unsupported rope_type '" + type +
-                         "' (supported: default, linear, llama3, yarn)");
-  }
-  if (rope->type == RopeScalingType::kDefault) return Status::Ok();
-
-  const bool yarn = rope->type == RopeScalingType::kYarn;
-  // yarn may omit factor: transformers then uses max_position / original_max_position.
-  DS_RETURN_IF_ERROR(r.get_double("factor", &rope->factor, !yarn));
-  if (rope->type == RopeScalingType::kLinear) return Status::Ok();
-
-  // Pre-training context: a top-level original_max_position_embeddings wins (as in
-  // transformers), then the one inside the rope parameters, then max_position.
-  rope->original_max_position_embeddings = max_pos;
-  DS_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings",
-                               &rope->original_max_position_embeddings, false));
-  DS_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings",
-                                 &rope->original_max_position_embeddings, false));
-  if (rope->type == RopeScalingType::kLlama3) {
-    DS_RETURN_IF_ERROR(r.get_double("low_freq_factor", &rope->low_freq_factor, true));
-    DS_RETURN_IF_ERROR(r.get_double("high_freq_factor", &rope->high_freq_factor, true));
-    return Status::Ok();
-  }
-  if (!r.has("factor")) {
-    rope->factor =
-        static_cast<double>(max_pos) / static_cast<double>(rope->original_max_position_embeddings);
-  }
-  // transformers: `beta_fast or 32`, so 0 also means the default.
-  double beta_fast = 0, beta_slow = 0;
-  DS_RETURN_IF_ERROR(r.get_double("beta_fast", &beta_fast, false));
-  DS_RETURN_IF_ERROR(r.get_double("beta_slow", &beta_slow, false));
-  rope->beta_fast = beta_fast != 0 ? beta_fast : 32.0;
-  rope->beta_slow = beta_slow != 0 ? beta_slow : 1.0;
-  DS_RETURN_IF_ERROR(r.get_optional_double("mscale", &rope->mscale));
-  DS_RETURN_IF_ERROR(r.get_optional_double("mscale_all_dim", &rope->mscale_all_dim));
-  DS_RETURN_IF_ERROR(r.get_optional_double("attention_factor", &rope->attention_factor));
-  DS_RETURN_IF_ERROR(r.get_bool("truncate", &rope->truncate));
-  return Status::Ok();
-}
 
 std::string join_ids(const std::vector<int32_t>& ids) {
   std::string s;
@@ -192,18 +118,11 @@ Result<ModelConfig> ModelConfig::from_hf_json(const nlohmann::json& config,
     int64_t tp = 1;
     DS_RETURN_IF_ERROR(r.get_int("pretraining_tp", &tp, false));
   }
-  DS_RETURN_IF_ERROR(parse_hf_rope(config, source, c.max_position_embeddings, c.head_dim, &c.rope));
+  DS_RETURN_IF_ERROR(
+      config_core::read_hf_rope(config, source, c.max_position_embeddings, c.head_dim, &c.rope));
 
-  // Token ids: generation_config.json takes precedence, as in transformers' generate().
-  int64_t bos = -1;
-  DS_RETURN_IF_ERROR(r.get_int("bos_token_id", &bos, false));
-  DS_RETURN_IF_ERROR(r.get_id_list("eos_token_id", &c.eos_ids));
-  if (generation_config && generation_config->is_object()) {
-    JsonFields g(*generation_config, "generation_config.json");
-    DS_RETURN_IF_ERROR(g.get_int("bos_token_id", &bos, false));
-    DS_RETURN_IF_ERROR(g.get_id_list("eos_token_id", &c.eos_ids));
-  }
-  c.bos_id = static_cast<int32_t>(bos);
+  DS_RETURN_IF_ERROR(
+      config_core::read_hf_special_ids(config, source, generation_config, &c.bos_id, &c.eos_ids));
 
   DS_RETURN_IF_ERROR(c.validate());
   return c;
@@ -246,18 +165,10 @@ Result<ModelConfig> ModelConfig::from_gguf(const GgufMetadata& md, bool has_outp
   DS_ASSIGN_OR_RETURN(double eps, md.get_float(p + "attention.layer_norm_rms_epsilon"));
   c.rms_norm_eps = static_cast<float>(eps);
 
-  if (md.contains(p + "vocab_size")) {
-    DS_RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size));
-  } else {
-    DS_ASSIGN_OR_RETURN(const std::vector<std::string>* tokens,
-                        md.get_string_array("tokenizer.ggml.tokens"));
-    c.vocab_size = static_cast<int64_t>(tokens->size());
-  }
+  DS_RETURN_IF_ERROR(config_core::read_gguf_vocab_size(md, p, &c.vocab_size));
 
   RopeConfig& rope = c.rope;
-  if (md.contains(p + "rope.freq_base")) {
-    DS_ASSIGN_OR_RETURN(rope.theta, md.get_float(p + "rope.freq_base"));
-  }
+  DS_RETURN_IF_ERROR(config_core::read_gguf_rope_theta(md, p, &rope));
   rope.rotary_dim = c.head_dim;
   if (md.contains(p + "rope.dimension_count")) {
     DS_RETURN_IF_ERROR(get_int("rope.dimension_count", &rope.rotary_dim));
@@ -268,18 +179,8 @@ Result<ModelConfig> ModelConfig::from_gguf(const GgufMetadata& md, bool has_outp
   }
   if (scaling == "linear" || scaling == "yarn") {
     rope.type = scaling == "linear" ? RopeScalingType::kLinear : RopeScalingType::kYarn;
-    DS_ASSIGN_OR_RETURN(rope.factor, md.get_float(p + "rope.scaling.factor"));
-    rope.original_max_position_embeddings = c.max_position_embeddings;
-    if (md.contains(p + "rope.scaling.original_context_length")) {
-      DS_RETURN_IF_ERROR(
-          get_int("rope.scaling.original_context_length", &rope.original_max_position_embeddings));
-    }
-    if (md.contains(p + "rope.scaling.yarn_beta_fast")) {
-      DS_ASSIGN_OR_RETURN(rope.beta_fast, md.get_float(p + "rope.scaling.yarn_beta_fast"));
-    }
-    if (md.contains(p + "rope.scaling.yarn_beta_slow")) {
-      DS_ASSIGN_OR_RETURN(rope.beta_slow, md.get_float(p + "rope.scaling.yarn_beta_slow"));
-    }
+    DS_RETURN_IF_ERROR(config_core::read_gguf_yarn(md, p, c.max_position_embeddings,
+                                                   /*original_required=*/false, &rope));
   } else if (scaling != "none") {
     return unimplemented(md.source + ": unsupported rope.scaling.type '" + scaling + "'");
   }
@@ -287,38 +188,13 @@ Result<ModelConfig> ModelConfig::from_gguf(const GgufMetadata& md, bool has_outp
   // LlamaModel applies it when present.)
 
   c.tie_word_embeddings = !has_output_weight;
-  if (md.contains("tokenizer.ggml.bos_token_id")) {
-    DS_ASSIGN_OR_RETURN(int64_t bos, md.get_int("tokenizer.ggml.bos_token_id"));
-    c.bos_id = static_cast<int32_t>(bos);
-  }
-  if (md.contains("tokenizer.ggml.eos_token_id")) {
-    DS_ASSIGN_OR_RETURN(int64_t eos, md.get_int("tokenizer.ggml.eos_token_id"));
-    c.eos_ids.push_back(static_cast<int32_t>(eos));
-  }
-  if (md.contains("tokenizer.ggml.eot_token_id")) {
-    DS_ASSIGN_OR_RETURN(int64_t eot, md.get_int("tokenizer.ggml.eot_token_id"));
-    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), eot) == c.eos_ids.end()) {
-      c.eos_ids.push_back(static_cast<int32_t>(eot));
-    }
-  }
+  DS_RETURN_IF_ERROR(config_core::read_gguf_special_ids(md, &c.bos_id, &c.eos_ids));
   DS_RETURN_IF_ERROR(c.validate());
   return c;
 }
 
 Result<ModelConfig> ModelConfig::from_model_files(const ModelFiles& files) {
-  switch (files.format()) {
-    case ModelFormat::kHuggingFace: {
-      const nlohmann::json* config = files.hf_config();
-      if (!config) return not_found(files.path() + ": config.json is missing");
-      return from_hf_json(*config, files.generation_config(), files.path() + "/config.json");
-    }
-    case ModelFormat::kGguf: {
-      const GgufMetadata* md = files.gguf_metadata();
-      if (!md) return internal_error(files.path() + ": GGUF file without metadata");
-      return from_gguf(*md, files.find("lm_head.weight") != nullptr);
-    }
-  }
-  return internal_error("unknown model format");
+  return config_core::from_model_files<ModelConfig>(files);
 }
 
 Status ModelConfig::validate() const {

@@ -1,7 +1,5 @@
 #include "model/deepseek_config.h"
 
-#include "model/json_fields.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +7,8 @@
 
 #include "loader/gguf_file.h"
 #include "loader/model_files.h"
+#include "model/config_core.h"
+#include "model/json_fields.h"
 
 namespace dserve {
 
@@ -43,54 +43,17 @@ double yarn_mscale(double scale, double mscale) {
 }
 
 
-// rope_scaling (DeepSeek's own config.json) or rope_parameters (transformers 5).
+// rope_scaling (DeepSeek's own config.json) or rope_parameters (transformers 5), as for
+// every architecture; DeepSeek's rotate qk_rope_head_dim values of each head, by
+// default or by YaRN.
 Status parse_rope(const nlohmann::json& config, const std::string& source, DeepseekConfig* c) {
-  JsonFields top(config, source);
-  nlohmann::json params = nlohmann::json::object();
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (!top.has(key)) continue;
-    if (!config[key].is_object()) return corrupt(source + ": '" + key + "' must be an object");
-    for (const auto& [k, v] : config[key].items()) params[k] = v;
-  }
-  const std::string rope_source = source + " rope parameters";
-  JsonFields r(params, rope_source);
-  RopeConfig& rope = c->rope;
-  rope.rotary_dim = c->qk_rope_head_dim;
-  rope.theta = 10000.0;
-  DS_RETURN_IF_ERROR(top.get_double("rope_theta", &rope.theta, false));
-  DS_RETURN_IF_ERROR(r.get_double("rope_theta", &rope.theta, false));
-  std::string type = "default";
-  DS_RETURN_IF_ERROR(r.get_string("type", &type));
-  DS_RETURN_IF_ERROR(r.get_string("rope_type", &type));
-  if (type == "default") {
-    rope.type = RopeScalingType::kDefault;
-    return Status::Ok();
-  }
-  if (type != "yarn") {
-    return unimplemented(source + ": rope type '" + type +
+  DS_RETURN_IF_ERROR(config_core::read_hf_rope(config, source, c->max_position_embeddings,
+                                               c->qk_rope_head_dim, &c->rope));
+  const RopeScalingType type = c->rope.type;
+  if (type != RopeScalingType::kDefault && type != RopeScalingType::kYarn) {
+    return unimplemented(source + ": rope type '" + std::string(rope_scaling_name(type)) +
                          "' is not supported for DeepSeek models (default, yarn)");
   }
-  rope.type = RopeScalingType::kYarn;
-  rope.original_max_position_embeddings = c->max_position_embeddings;
-  DS_RETURN_IF_ERROR(
-      r.get_int("original_max_position_embeddings", &rope.original_max_position_embeddings, false));
-  DS_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings",
-                                 &rope.original_max_position_embeddings, false));
-  if (r.has("factor")) {
-    DS_RETURN_IF_ERROR(r.get_double("factor", &rope.factor, true));
-  } else if (rope.original_max_position_embeddings > 0) {
-    rope.factor = static_cast<double>(c->max_position_embeddings) /
-                  static_cast<double>(rope.original_max_position_embeddings);
-  }
-  double beta_fast = 0, beta_slow = 0;  // transformers: `beta_fast or 32`
-  DS_RETURN_IF_ERROR(r.get_double("beta_fast", &beta_fast, false));
-  DS_RETURN_IF_ERROR(r.get_double("beta_slow", &beta_slow, false));
-  rope.beta_fast = beta_fast != 0 ? beta_fast : 32.0;
-  rope.beta_slow = beta_slow != 0 ? beta_slow : 1.0;
-  DS_RETURN_IF_ERROR(r.get_optional_double("mscale", &rope.mscale));
-  DS_RETURN_IF_ERROR(r.get_optional_double("mscale_all_dim", &rope.mscale_all_dim));
-  DS_RETURN_IF_ERROR(r.get_optional_double("attention_factor", &rope.attention_factor));
-  DS_RETURN_IF_ERROR(r.get_bool("truncate", &rope.truncate));
   return Status::Ok();
 }
 
@@ -205,15 +168,8 @@ Result<DeepseekConfig> DeepseekConfig::from_hf_json(const nlohmann::json& config
 
   DS_RETURN_IF_ERROR(parse_rope(config, source, &c));
 
-  int64_t bos = -1;
-  DS_RETURN_IF_ERROR(r.get_int("bos_token_id", &bos, false));
-  DS_RETURN_IF_ERROR(r.get_id_list("eos_token_id", &c.eos_ids));
-  if (generation_config && generation_config->is_object()) {
-    JsonFields g(*generation_config, "generation_config.json");
-    DS_RETURN_IF_ERROR(g.get_int("bos_token_id", &bos, false));
-    DS_RETURN_IF_ERROR(g.get_id_list("eos_token_id", &c.eos_ids));
-  }
-  c.bos_id = static_cast<int32_t>(bos);
+  DS_RETURN_IF_ERROR(
+      config_core::read_hf_special_ids(config, source, generation_config, &c.bos_id, &c.eos_ids));
   DS_RETURN_IF_ERROR(c.validate());
   return c;
 }
@@ -305,27 +261,18 @@ Result<DeepseekConfig> DeepseekConfig::from_gguf(const GgufMetadata& md, bool ha
   // llama.cpp counts the MTP layers in block_count.
   c.n_layers -= c.num_nextn_predict_layers;
 
-  if (md.contains(p + "vocab_size")) {
-    DS_ASSIGN_OR_RETURN(c.vocab_size, need("vocab_size"));
-  } else {
-    DS_ASSIGN_OR_RETURN(const std::vector<std::string>* tokens,
-                        md.get_string_array("tokenizer.ggml.tokens"));
-    c.vocab_size = static_cast<int64_t>(tokens->size());
-  }
+  DS_RETURN_IF_ERROR(config_core::read_gguf_vocab_size(md, p, &c.vocab_size));
   RopeConfig& rope = c.rope;
   rope.rotary_dim = c.qk_rope_head_dim;
-  if (md.contains(p + "rope.freq_base")) {
-    DS_ASSIGN_OR_RETURN(rope.theta, md.get_float(p + "rope.freq_base"));
-  }
+  DS_RETURN_IF_ERROR(config_core::read_gguf_rope_theta(md, p, &rope));
   std::string scaling = "none";
   if (md.contains(p + "rope.scaling.type")) {
     DS_ASSIGN_OR_RETURN(scaling, md.get_string(p + "rope.scaling.type"));
   }
   if (scaling == "yarn") {
     rope.type = RopeScalingType::kYarn;
-    DS_ASSIGN_OR_RETURN(rope.factor, md.get_float(p + "rope.scaling.factor"));
-    DS_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
-                        need("rope.scaling.original_context_length"));
+    DS_RETURN_IF_ERROR(config_core::read_gguf_yarn(md, p, c.max_position_embeddings,
+                                                   /*original_required=*/true, &rope));
     // llama.cpp stores 0.1 * mscale_all_dim; DeepSeek's checkpoints all have
     // mscale == mscale_all_dim, so the RoPE attention factor is 1.
     double log_mul = 0.0;
@@ -336,47 +283,19 @@ Result<DeepseekConfig> DeepseekConfig::from_gguf(const GgufMetadata& md, bool ha
       rope.mscale_all_dim = log_mul / 0.1;
       rope.mscale = rope.mscale_all_dim;
     }
-    if (md.contains(p + "rope.scaling.yarn_beta_fast")) {
-      DS_ASSIGN_OR_RETURN(rope.beta_fast, md.get_float(p + "rope.scaling.yarn_beta_fast"));
-    }
-    if (md.contains(p + "rope.scaling.yarn_beta_slow")) {
-      DS_ASSIGN_OR_RETURN(rope.beta_slow, md.get_float(p + "rope.scaling.yarn_beta_slow"));
-    }
   } else if (scaling != "none") {
     return unimplemented(md.source + ": unsupported rope.scaling.type '" + scaling +
                          "' for deepseek2");
   }
   c.rope_interleaved = true;
   c.tie_word_embeddings = !has_output_weight;
-  if (md.contains("tokenizer.ggml.bos_token_id")) {
-    DS_ASSIGN_OR_RETURN(int64_t bos, md.get_int("tokenizer.ggml.bos_token_id"));
-    c.bos_id = static_cast<int32_t>(bos);
-  }
-  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
-    if (!md.contains(key)) continue;
-    DS_ASSIGN_OR_RETURN(int64_t id, md.get_int(key));
-    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) == c.eos_ids.end()) {
-      c.eos_ids.push_back(static_cast<int32_t>(id));
-    }
-  }
+  DS_RETURN_IF_ERROR(config_core::read_gguf_special_ids(md, &c.bos_id, &c.eos_ids));
   DS_RETURN_IF_ERROR(c.validate());
   return c;
 }
 
 Result<DeepseekConfig> DeepseekConfig::from_model_files(const ModelFiles& files) {
-  switch (files.format()) {
-    case ModelFormat::kHuggingFace: {
-      const nlohmann::json* config = files.hf_config();
-      if (!config) return not_found(files.path() + ": config.json is missing");
-      return from_hf_json(*config, files.generation_config(), files.path() + "/config.json");
-    }
-    case ModelFormat::kGguf: {
-      const GgufMetadata* md = files.gguf_metadata();
-      if (!md) return internal_error(files.path() + ": GGUF file without metadata");
-      return from_gguf(*md, files.find("lm_head.weight") != nullptr);
-    }
-  }
-  return internal_error("unknown model format");
+  return config_core::from_model_files<DeepseekConfig>(files);
 }
 
 bool is_deepseek_model(const ModelFiles& files) {

@@ -3,6 +3,7 @@
 // rank's input, and a missing rank, a dead rank, a port in use and a mismatched
 // configuration each end in one clear error instead of a hang.
 #include "dist/gloo_communicator.h"
+#include "test_support/net.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -26,17 +27,6 @@ namespace {
 using namespace std::chrono_literals;
 
 // A port nobody listens on right now (the kernel's pick for an ephemeral bind).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // What each forked rank reports back through shared memory.
 struct RankReport {
@@ -196,7 +186,7 @@ class GlooGroup : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(GlooGroup, CollectivesMatchDirectComputation) {
   const auto [world, shared_memory] = GetParam();
-  const int port = free_port();
+  const int port = test::free_port();
   std::vector<int> ranks(world);
   for (int r = 0; r < world; ++r) ranks[r] = r;
   auto reports = run_ranks(ranks, [&, world = world, shm = shared_memory](int rank, RankReport* rep) {
@@ -209,7 +199,7 @@ INSTANTIATE_TEST_SUITE_P(SizesAndPaths, GlooGroup,
                          ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()));
 
 TEST(SharedMemoryAllReduce, DeadRankFailsTheWaitingRanksWithoutHanging) {
-  const int port = free_port();
+  const int port = test::free_port();
   const auto start = std::chrono::steady_clock::now();
   auto reports = run_ranks({0, 1, 2}, [&](int rank, RankReport* rep) {
     auto comm = connect_gloo(options_for(rank, 3, port, 30s, true));
@@ -238,7 +228,7 @@ TEST(SharedMemoryAllReduce, DeadRankFailsTheWaitingRanksWithoutHanging) {
 }
 
 TEST(GlooRendezvous, MissingRankIsNamedAfterTheTimeout) {
-  const int port = free_port();
+  const int port = test::free_port();
   const auto start = std::chrono::steady_clock::now();
   // Ranks 0 and 1 of 3 start; rank 2 never comes.
   auto reports = run_ranks({0, 1}, [&](int rank, RankReport* rep) {
@@ -256,7 +246,7 @@ TEST(GlooRendezvous, MissingRankIsNamedAfterTheTimeout) {
 }
 
 TEST(GlooRendezvous, NoRankZeroIsAClearErrorOnTheOthers) {
-  const int port = free_port();
+  const int port = test::free_port();
   auto reports = run_ranks({1}, [&](int rank, RankReport* rep) {
     auto comm = connect_gloo(options_for(rank, 2, port, 1000ms));
     if (comm.ok()) return 0;
@@ -269,7 +259,7 @@ TEST(GlooRendezvous, NoRankZeroIsAClearErrorOnTheOthers) {
 }
 
 TEST(GlooRendezvous, DeadRankFailsTheNextCollectiveWithoutHanging) {
-  const int port = free_port();
+  const int port = test::free_port();
   const auto start = std::chrono::steady_clock::now();
   auto reports = run_ranks({0, 1}, [&](int rank, RankReport* rep) {
     auto comm = connect_gloo(options_for(rank, 2, port, 30s));
@@ -293,7 +283,7 @@ TEST(GlooRendezvous, DeadRankFailsTheNextCollectiveWithoutHanging) {
 }
 
 TEST(GlooRendezvous, MismatchedConfigurationIsRefusedOnEveryRank) {
-  const int port = free_port();
+  const int port = test::free_port();
   auto reports = run_ranks({0, 1}, [&](int rank, RankReport* rep) {
     GroupOptions o = options_for(rank, 2, port, 10s);
     if (rank == 1) o.fingerprint = "model=other tp=2";

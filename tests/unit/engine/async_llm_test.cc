@@ -10,35 +10,14 @@
 #include "base/log.h"
 #include "dserve/async_llm.h"
 #include "tiny_llama.h"
+#include "test_support/engine_fixtures.h"
 
 namespace dserve {
 namespace {
 
-LlmOptions options() {
-  LlmOptions o;
-  o.max_num_seqs = 8;
-  o.max_num_batched_tokens = 64;
-  o.block_size = 4;
-  o.kv_cache_memory = 4 << 20;
-  o.max_model_len = 200;
-  o.n_threads = 1;
-  return o;
-}
-
-SamplingOptions greedy(int max_tokens, int n = 1) {
-  SamplingOptions o;
-  o.temperature = 0.0f;
-  o.ignore_eos = true;
-  o.max_tokens = max_tokens;
-  o.n = n;
-  return o;
-}
-
-std::vector<int32_t> prompt_of(int i) {
-  std::vector<int32_t> p(3 + (i * 7) % 40);
-  for (size_t k = 0; k < p.size(); ++k) p[k] = static_cast<int32_t>((i * 13 + k * 5) % kVocab);
-  return p;
-}
+using test::greedy;
+// Prompts of 3 to 42 tokens.
+std::vector<int32_t> prompt_of(int i) { return test::prompt_of(i, 40, kVocab); }
 
 // Reads a queue until `n` sequences have finished; returns tokens and finish reasons.
 struct Collected {
@@ -70,12 +49,12 @@ TEST(AsyncLlm, ConcurrentClientsMatchTheOfflineEngine) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kThreads * kPerThread; ++i) prompts.push_back(prompt_of(i));
 
-  auto offline = LLM::create(dir, options());
+  auto offline = LLM::create(dir, test::small_engine_options());
   ASSERT_TRUE(offline.ok()) << offline.status().message();
   auto want = (*offline)->generate(prompts, greedy(8));
   ASSERT_TRUE(want.ok()) << want.status().message();
 
-  auto llm = LLM::create(dir, options());
+  auto llm = LLM::create(dir, test::small_engine_options());
   ASSERT_TRUE(llm.ok());
   auto async = AsyncLlm::create(std::move(*llm));
   ASSERT_TRUE(async.ok());

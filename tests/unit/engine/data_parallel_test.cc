@@ -5,8 +5,6 @@
 // refused naming the flag; a rank that never comes is named after the timeout; a node
 // that goes silent ends its requests with "error" and new ones go to the engine left.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,46 +15,15 @@
 #include "engine/dp_engine_client.h"
 #include "engine/headless_engines.h"
 #include "tiny_llama.h"
+#include "test_support/net.h"
+#include "test_support/engine_fixtures.h"
 
 namespace dserve {
 namespace {
 
-LlmOptions options() {
-  LlmOptions o;
-  o.max_num_seqs = 8;
-  o.max_num_batched_tokens = 64;
-  o.block_size = 4;
-  o.kv_cache_memory = 4 << 20;
-  o.max_model_len = 200;
-  o.n_threads = 1;
-  return o;
-}
-
-SamplingOptions greedy(int max_tokens) {
-  SamplingOptions o;
-  o.temperature = 0.0f;
-  o.ignore_eos = true;
-  o.max_tokens = max_tokens;
-  return o;
-}
-
-std::vector<int32_t> prompt_of(int i) {
-  std::vector<int32_t> p(3 + (i * 7) % 30);
-  for (size_t k = 0; k < p.size(); ++k) p[k] = static_cast<int32_t>((i * 13 + k * 5) % kVocab);
-  return p;
-}
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using test::greedy;
+// Prompts of 3 to 32 tokens.
+std::vector<int32_t> prompt_of(int i) { return test::prompt_of(i, 30, kVocab); }
 
 // Counts what each engine did.
 class Counter : public EngineObserver {
@@ -77,7 +44,7 @@ engine_msg::NodeConfig node_config(const std::string& dir) {
 }
 
 std::unique_ptr<AsyncLlm> engine(const std::string& dir, EngineObserver* observer) {
-  auto llm = LLM::create(dir, options());
+  auto llm = LLM::create(dir, test::small_engine_options());
   EXPECT_TRUE(llm.ok()) << llm.status().message();
   auto a = AsyncLlm::create(std::move(*llm), observer);
   EXPECT_TRUE(a.ok());
@@ -150,12 +117,12 @@ TEST(DataParallel, ConcurrentRequestsMatchTheOfflineEngineOnBothEngines) {
   constexpr int kThreads = 4, kPerThread = 4;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kThreads * kPerThread; ++i) prompts.push_back(prompt_of(i));
-  auto offline = LLM::create(dir, options());
+  auto offline = LLM::create(dir, test::small_engine_options());
   ASSERT_TRUE(offline.ok());
   auto want = (*offline)->generate(prompts, greedy(6));
   ASSERT_TRUE(want.ok());
 
-  const int port = free_port();
+  const int port = test::free_port();
   Node node(dir, port, node_config(dir));  // the node first: either order works
   Head head(dir, port);
   ASSERT_TRUE(head.client->wait_for_engines().ok());
@@ -188,7 +155,7 @@ TEST(DataParallel, ConcurrentRequestsMatchTheOfflineEngineOnBothEngines) {
 TEST(DataParallel, DisagreeingFlagsAreRefusedByName) {
   set_log_level("error");
   const std::string dir = write_tiny_llama();
-  const int port = free_port();
+  const int port = test::free_port();
   Head head(dir, port);
   engine_msg::NodeConfig other = node_config(dir);
   other.block_size = 16;
@@ -205,7 +172,7 @@ TEST(DataParallel, DisagreeingFlagsAreRefusedByName) {
 TEST(DataParallel, MissingRankIsNamedAfterTheTimeout) {
   set_log_level("error");
   const std::string dir = write_tiny_llama();
-  Head head(dir, free_port(), /*timeout_s=*/0.5);
+  Head head(dir, test::free_port(), /*timeout_s=*/0.5);
   Status s = head.client->wait_for_engines();
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("rank(s) 1 never connected"), std::string::npos) << s.message();
@@ -214,7 +181,7 @@ TEST(DataParallel, MissingRankIsNamedAfterTheTimeout) {
 TEST(DataParallel, ASilentNodeEndsItsRequestsAndTheOtherEngineServes) {
   set_log_level("error");
   const std::string dir = write_tiny_llama();
-  const int port = free_port();
+  const int port = test::free_port();
   Head head(dir, port);
   auto node = std::make_unique<Node>(dir, port, node_config(dir));
   ASSERT_TRUE(head.client->wait_for_engines().ok());

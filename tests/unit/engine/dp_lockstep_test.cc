@@ -8,8 +8,6 @@
 #include "engine/dp_lockstep.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,27 +18,21 @@
 #include "dist/gloo_communicator.h"
 #include "dserve/async_llm.h"
 #include "tiny_llama.h"
+#include "test_support/net.h"
+#include "test_support/engine_fixtures.h"
 
 namespace dserve {
 namespace {
 
-using namespace std::chrono_literals;
+using test::greedy;
+// Prompts of 3 to 22 tokens.
+std::vector<int32_t> prompt_of(int i) { return test::prompt_of(i, 20, kVocab); }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using namespace std::chrono_literals;
 
 // Two ranks of one gloo group, connected concurrently (as cli/expert_parallel does).
 std::vector<std::unique_ptr<dist::Communicator>> connect_pair() {
-  const int port = free_port();
+  const int port = test::free_port();
   std::optional<Result<std::unique_ptr<dist::Communicator>>> got[2];
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -62,31 +54,6 @@ std::vector<std::unique_ptr<dist::Communicator>> connect_pair() {
     if (g->ok()) comms.push_back(std::move(*g).value());
   }
   return comms;
-}
-
-LlmOptions options() {
-  LlmOptions o;
-  o.max_num_seqs = 8;
-  o.max_num_batched_tokens = 64;
-  o.block_size = 4;
-  o.kv_cache_memory = 4 << 20;
-  o.max_model_len = 200;
-  o.n_threads = 1;
-  return o;
-}
-
-SamplingOptions greedy(int max_tokens) {
-  SamplingOptions o;
-  o.temperature = 0.0f;
-  o.ignore_eos = true;
-  o.max_tokens = max_tokens;
-  return o;
-}
-
-std::vector<int32_t> prompt_of(int i) {
-  std::vector<int32_t> p(3 + (i * 7) % 20);
-  for (size_t k = 0; k < p.size(); ++k) p[k] = static_cast<int32_t>((i * 13 + k * 5) % kVocab);
-  return p;
 }
 
 // Tokens and the finish reason (with its error) of one request.
@@ -120,7 +87,7 @@ Group start_group(const std::string& dir) {
   Group g;
   g.comms = connect_pair();
   for (auto& comm : g.comms) {
-    auto llm = LLM::create(dir, options());
+    auto llm = LLM::create(dir, test::small_engine_options());
     EXPECT_TRUE(llm.ok()) << llm.status().message();
     auto a = AsyncLlm::create(std::move(*llm), nullptr, comm.get());
     EXPECT_TRUE(a.ok());
@@ -146,7 +113,7 @@ TEST(DpLockstep, OneRankGroupAlwaysAgreesWithItself) {
 TEST(DpLockstep, EnginesServeWhileTheOtherIsIdleAndStopTogether) {
   set_log_level("error");
   const std::string dir = write_tiny_llama();
-  auto offline = LLM::create(dir, options());
+  auto offline = LLM::create(dir, test::small_engine_options());
   ASSERT_TRUE(offline.ok());
   std::vector<std::vector<int32_t>> prompts = {prompt_of(0), prompt_of(1), prompt_of(2)};
   auto want = (*offline)->generate(prompts, greedy(40));

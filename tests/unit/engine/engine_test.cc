@@ -16,17 +16,12 @@
 #include "engine/llm_engine.h"
 #include "loader/model_files.h"
 #include "sampling/sampler.h"
+#include "test_support/engine_fixtures.h"
 
 namespace dserve {
 namespace {
 
-SamplingOptions greedy(int max_tokens) {
-  SamplingOptions o;
-  o.temperature = 0.0f;
-  o.ignore_eos = true;
-  o.max_tokens = max_tokens;
-  return o;
-}
+using test::greedy;
 
 struct Req {
   std::vector<int32_t> prompt;

@@ -6,8 +6,6 @@
 #include "model/expert_dispatch.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -18,28 +16,17 @@
 #include <vector>
 
 #include "dist/gloo_communicator.h"
+#include "test_support/net.h"
 
 namespace dserve {
 namespace {
 
 using namespace std::chrono_literals;
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Runs body(rank, comm) on `world` threads, each its own rank of one gloo group.
 void run_group(int world, const std::function<void(int, dist::Communicator&)>& body,
                std::chrono::milliseconds timeout = 20s) {
-  const int port = free_port();
+  const int port = test::free_port();
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
