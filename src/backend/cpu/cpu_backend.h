@@ -72,6 +72,14 @@ class CpuBackend final : public Backend {
   };
   // The packed copy made for a view of w's data, dtype and shape; null if none.
   const uint8_t* packed_for(const TensorView& w) const;
+  // matmul_grouped's steps, in matmul.cc, which defines MatmulCall: what they share of
+  // one call (its plan, its activation buffers, its tasks).
+  struct MatmulCall;
+  [[nodiscard]] bool plan_matmul(MatmulCall& call);  // false: no group has tokens
+  void quantize_matmul_inputs(MatmulCall& call);
+  void split_matmul_job(MatmulCall& call);
+  void run_matmul_job(const MatmulCall& call);
+  void add_matmul_biases(const MatmulCall& call);
 
   const KernelTable& kernels_;
   std::string name_;
