@@ -93,6 +93,12 @@ class CpuBackend final : public Backend {
   ScratchBuffer param_;                     // float copies of norm weights / biases
   std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
 
+  // paged_attention's steps, in paged_attention.cc, which defines PagedAttentionCall:
+  // one call's inputs, shapes and tiles.
+  struct PagedAttentionCall;
+  void run_tile_tasks(const PagedAttentionCall& call);
+  void run_split_tasks(const PagedAttentionCall& call, int64_t n_splits, float* partials);
+
   // A paged_attention tile: tokens [t0, t0 + n_tokens) of the batch (one sequence)
   // times heads [h0, h0 + n_heads) (one KV group), reading keys 0..max_ctx - 1.
   struct Tile {
