@@ -372,52 +372,63 @@ int run_headless(const ServeOptions& o, const std::string& model_path, const Llm
   return 0;
 }
 
-}  // namespace
-
-int run_serve(ServeOptions o) {
-  if (o.api_key.empty()) {
-    if (const char* k = std::getenv("DSERVE_API_KEY")) {
-      // Set but empty would silently mean "no authentication": refuse it, as --api-key "".
-      if (*k == '\0') {
-        return report_error(invalid_argument(
-            "DSERVE_API_KEY is set but empty; unset it to serve without authentication"));
-      }
-      o.api_key = k;
-    }
+// $DSERVE_API_KEY when --api-key is not given. Set but empty would silently mean "no
+// authentication": refused, as --api-key "".
+Status take_api_key_from_env(ServeOptions* o) {
+  if (!o->api_key.empty()) return Status::Ok();
+  const char* k = std::getenv("DSERVE_API_KEY");
+  if (k == nullptr) return Status::Ok();
+  if (*k == '\0') {
+    return invalid_argument(
+        "DSERVE_API_KEY is set but empty; unset it to serve without authentication");
   }
-  if (!set_log_format(o.log_format)) return report_error(invalid_argument("--log-format " + o.log_format));
-  if (Status s = check_unbuilt(o); !s.ok()) return report_error(s);
-  if (o.enable_auto_tool_choice && o.tool_call_parser.empty()) {
-    return report_error(invalid_argument("--enable-auto-tool-choice requires --tool-call-parser"));
-  }
-  o.dp.enable_expert_parallel = o.tp.expert_parallel;
-  if (Status s = validate_data_parallel(&o.dp, o.tp.size); !s.ok()) return report_error(s);
-  const std::string model_path = o.common.model.empty() ? default_model_path() : o.common.model;
-  if (o.served_model_name.empty()) o.served_model_name.push_back(model_path);
+  o->api_key = k;
+  return Status::Ok();
+}
 
-  // Signals go to one thread that waits for them; block them before any thread starts
-  // (the audit log's writer too: a SIGTERM delivered to a thread that does not block it
-  // kills the process at once, losing the drain and the audit lines not yet written).
+// The checks of the flags that need no model; applies --log-format and fills in what
+// the flags imply.
+Status check_serve_flags(ServeOptions* o) {
+  if (Status s = take_api_key_from_env(o); !s.ok()) return s;
+  if (!set_log_format(o->log_format)) return invalid_argument("--log-format " + o->log_format);
+  if (Status s = check_unbuilt(*o); !s.ok()) return s;
+  if (o->enable_auto_tool_choice && o->tool_call_parser.empty()) {
+    return invalid_argument("--enable-auto-tool-choice requires --tool-call-parser");
+  }
+  o->dp.enable_expert_parallel = o->tp.expert_parallel;
+  return validate_data_parallel(&o->dp, o->tp.size);
+}
+
+// Blocks SIGTERM and SIGINT in this thread and so in every thread it starts after: they
+// go to one thread that waits for them (the set returned). A SIGPIPE is ignored: a
+// write to a closed socket is an error, not a death.
+sigset_t block_shutdown_signals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);  // a write to a closed socket is an error, not a death
-  std::unique_ptr<server::AuditLog> audit_log;
-  if (!o.audit_log.empty()) {
-    Result<std::unique_ptr<server::AuditLog>> a = server::AuditLog::open(o.audit_log);
-    if (!a.ok()) return report_error(a.status());
-    audit_log = std::move(a).value();
-  }
+  signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
 
+// --audit-log's file, open; null without the flag.
+Result<std::unique_ptr<server::AuditLog>> open_audit_log(const ServeOptions& o) {
+  if (o.audit_log.empty()) return std::unique_ptr<server::AuditLog>();
+  return server::AuditLog::open(o.audit_log);
+}
+
+// The engines' load options from the flags (engine_options adds a data-parallel
+// engine's own). With tensor parallelism alone, load_model reads o.tp: `o` must outlive
+// the options.
+Result<LlmOptions> llm_options(const ServeOptions& o, const std::string& model_path) {
   LlmOptions lo;
   lo.max_num_seqs = o.max_num_seqs;
   lo.max_num_batched_tokens = o.max_num_batched_tokens;
   lo.block_size = o.block_size;
   lo.kv_cache_memory = o.kv_cache_memory;
   Result<DType> kv_dtype = kv_cache_dtype_from_flag(o.kv_cache_dtype);
-  if (!kv_dtype.ok()) return report_error(kv_dtype.status());
+  if (!kv_dtype.ok()) return kv_dtype.status();
   lo.kv_cache_dtype = *kv_dtype;
   lo.gpu_memory_utilization = o.gpu_memory_utilization;
   lo.max_model_len = o.max_model_len;
@@ -429,26 +440,38 @@ int run_serve(ServeOptions o) {
   lo.quantization = o.quantization == "fp8" ? "" : o.quantization;
   lo.fp8_weights = o.common.fp8_weights;
   if (o.tp.size > 1 && o.dp.size > 1 && o.tp.nnodes != 1) {
-    return report_error(invalid_argument(
-        "--nnodes " + std::to_string(o.tp.nnodes) + " with --data-parallel-size " + std::to_string(o.dp.size) +
-        ": a data-parallel engine's tensor-parallel ranks run on its own node (the data-parallel flags "
-        "place the engines on nodes)"));
+    return invalid_argument("--nnodes " + std::to_string(o.tp.nnodes) +
+                            " with --data-parallel-size " + std::to_string(o.dp.size) +
+                            ": a data-parallel engine's tensor-parallel ranks run on its own "
+                            "node (the data-parallel flags place the engines on nodes)");
   }
   if (o.tp.size > 1 && o.dp.size == 1) {
-    lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
+    lo.load_model = [&o, model_path](std::unique_ptr<ModelFiles> files, Backend& backend,
+                                     int64_t context) {
       return load_model_on_ranks(o.tp, std::move(files), backend, context,
                                  "serve model=" + model_path + " ctx=" + std::to_string(context));
     };
   }
-  if (o.tp.size > 1 && o.dp.size > 1 && o.tp.rank >= 0) {
-    // A tensor-parallel rank its engine's launcher started: it joins that engine's group
-    // and follows it inside LLM::create until the engine ends (it does not return).
-    if (o.tp.dp_rank < 0 || o.tp.dp_rank >= o.dp.size) {
-      return report_error(invalid_argument("--tp-rank without a valid --tp-dp-rank under --data-parallel-size"));
-    }
-    Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, engine_options(o, model_path, lo, o.tp.dp_rank));
-    return report_error(llm.ok() ? internal_error("a tensor-parallel worker's model load returned") : llm.status());
+  return lo;
+}
+
+// A tensor-parallel rank its engine's launcher started (--tp-rank under
+// --data-parallel-size): it joins that engine's group and follows it inside
+// LLM::create until the engine ends (it does not return).
+int run_tensor_parallel_worker(const ServeOptions& o, const std::string& model_path,
+                               const LlmOptions& lo) {
+  if (o.tp.dp_rank < 0 || o.tp.dp_rank >= o.dp.size) {
+    return report_error(
+        invalid_argument("--tp-rank without a valid --tp-dp-rank under --data-parallel-size"));
   }
+  Result<std::unique_ptr<LLM>> llm =
+      LLM::create(model_path, engine_options(o, model_path, lo, o.tp.dp_rank));
+  return report_error(llm.ok() ? internal_error("a tensor-parallel worker's model load returned")
+                               : llm.status());
+}
+
+// What every node of a data-parallel deployment must agree on.
+engine_msg::NodeConfig node_config(const ServeOptions& o, const std::string& model_path) {
   engine_msg::NodeConfig node;
   node.model = model_path;
   node.data_parallel_size = o.dp.size;
@@ -457,59 +480,48 @@ int run_serve(ServeOptions o) {
   node.block_size = o.block_size;
   node.dtype = o.dtype;
   node.max_model_len = o.max_model_len;
-  if (o.dp.headless) return run_headless(o, model_path, lo, node, signals);
+  return node;
+}
 
-  // This node's engines: data-parallel ranks 0..size_local-1. Their expert-parallel
-  // group (if any) is declared first: the engines borrow it, so it goes after them.
-  Result<std::vector<std::unique_ptr<dist::Communicator>>> expert_comms = connect_engines(o, node);
-  if (!expert_comms.ok()) return report_error(expert_comms.status());
-  const bool lockstep = !expert_comms->empty();
-  server::ServerMetrics metrics(o.served_model_name.front(), o.dp.size);
-  EngineLoaders loaders;  // outlives the engines
-  Result<std::vector<std::unique_ptr<AsyncLlm>>> engines = start_engines(
-      o, model_path, lo, [&metrics](int i) { return metrics.engine(i); }, *expert_comms, &loaders);
-  if (!engines.ok()) return report_error(engines.status());
-  std::vector<std::unique_ptr<AsyncLlm>> local = std::move(engines).value();
-  std::unique_ptr<EngineClient> client;
-  if (o.dp.size == 1) {
-    client = std::move(local.front());
-  } else {
-    DpEngineClientConfig dc;
-    dc.data_parallel_size = o.dp.size;
-    dc.rpc_port = o.dp.rpc_port;
-    dc.node = node;
-    dc.startup_timeout_s = o.tp.timeout_s;
-    dc.lockstep = lockstep;
-    dc.observer = [&metrics](int rank) { return metrics.engine(rank); };
-    Result<std::unique_ptr<DpEngineClient>> dp = DpEngineClient::create(dc, std::move(local));
-    if (!dp.ok()) return report_error(dp.status());
-    if (Status s = (*dp)->wait_for_engines(); !s.ok()) {
-      (*dp)->set_shutdown_error(s.message());
-      return report_error(s);
-    }
-    client = std::move(dp).value();
-  }
-  chat::ChatTemplateSource template_source;
-  Result<std::unique_ptr<chat::ChatTemplate>> tmpl =
-      load_chat_template(o, model_path, &template_source);
-  if (!tmpl.ok()) return report_error(tmpl.status());
+// The API server's DpEngineClient: over this node's engines and the other nodes' ranks,
+// which connect to --data-parallel-rpc-port.
+DpEngineClientConfig dp_client_config(const ServeOptions& o, const engine_msg::NodeConfig& node,
+                                      bool lockstep, server::ServerMetrics& metrics) {
+  DpEngineClientConfig dc;
+  dc.data_parallel_size = o.dp.size;
+  dc.rpc_port = o.dp.rpc_port;
+  dc.node = node;
+  dc.startup_timeout_s = o.tp.timeout_s;
+  dc.lockstep = lockstep;
+  dc.observer = [&metrics](int rank) { return metrics.engine(rank); };
+  return dc;
+}
 
+server::ServingConfig serving_config(const ServeOptions& o, const std::string& model_path,
+                                     const chat::ChatTemplateSource& template_source) {
   server::ServingConfig sc;
   sc.served_model_names = o.served_model_name;
   sc.model_path = model_path;
   sc.reasoning_deepseek_r1 = o.reasoning_parser == "deepseek_r1";
-  if (o.enable_auto_tool_choice) sc.auto_tool_call_format = server::tool_call_format(o.tool_call_parser);
+  if (o.enable_auto_tool_choice) {
+    sc.auto_tool_call_format = server::tool_call_format(o.tool_call_parser);
+  }
   sc.tokenizer_info = {template_source.bos_token, template_source.eos_token,
                        template_source.source};
-  server::ChatRenderer render_chat;
-  std::shared_ptr<chat::ChatTemplate> chat_template = std::move(tmpl).value();
-  if (chat_template) {
-    render_chat = [chat_template](const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                  const nlohmann::ordered_json& kwargs) {
-      return chat_template->render(messages, add_generation_prompt, kwargs);
-    };
-  }
-  server::OpenAiServing serving(*client, std::move(render_chat), sc);
+  return sc;
+}
+
+// Renders chat messages with the template; empty without one (/v1/chat/completions then
+// fails).
+server::ChatRenderer chat_renderer(std::shared_ptr<chat::ChatTemplate> chat_template) {
+  if (!chat_template) return server::ChatRenderer();
+  return [chat_template](const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                         const nlohmann::ordered_json& kwargs) {
+    return chat_template->render(messages, add_generation_prompt, kwargs);
+  };
+}
+
+server::HttpServerConfig http_config(const ServeOptions& o, server::AuditLog* audit_log) {
   server::HttpServerConfig hc;
   hc.host = o.host;
   hc.port = o.port;
@@ -526,74 +538,91 @@ int run_serve(ServeOptions o) {
   hc.keep_alive_timeout_s = o.keep_alive_timeout;
   hc.ssl_certfile = o.ssl_certfile;
   hc.ssl_keyfile = o.ssl_keyfile;
-  hc.audit_log = audit_log.get();
-  server::HttpServer http(hc, serving, metrics);
+  hc.audit_log = audit_log;
+  return hc;
+}
 
-  EngineClient& engine = *client;
-  // The first signal drains (on its own thread, so that the next signal is seen while
-  // it waits); a second one exits at once.
-  std::thread drain_thread;
-  std::atomic<bool> serving_stopped{false};
-  auto on_signals = [&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (sig == 0 || serving_stopped.load()) return;  // woken by ourselves at exit
-    DS_LOG_INFO("signal {}: no new requests; waiting up to {} s for running ones (a second "
-                "signal exits at once)", sig, o.shutdown_timeout);
-    http.set_draining(true);
-    try {
-      drain_thread = std::thread([&] {
-        engine.stop_accepting();
-        const auto budget =
-            std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000));
-        if (!engine.wait_idle(budget)) {
-          DS_LOG_WARN("shutdown timeout: aborting the requests still running");
-          engine.abort_all();
-          engine.wait_idle(std::chrono::seconds(5));
-        }
-        http.stop();
-      });
-    } catch (const std::system_error& e) {
-      DS_LOG_ERROR("cannot start the drain thread ({}); stopping now", e.what());
-      engine.abort_all();
+// Stops new requests, lets the running ones finish for up to shutdown_timeout seconds,
+// aborts the rest, and stops the HTTP server.
+void drain(EngineClient& engine, server::HttpServer& http, double shutdown_timeout) {
+  engine.stop_accepting();
+  const auto budget = std::chrono::milliseconds(static_cast<int64_t>(shutdown_timeout * 1000));
+  if (!engine.wait_idle(budget)) {
+    DS_LOG_WARN("shutdown timeout: aborting the requests still running");
+    engine.abort_all();
+    engine.wait_idle(std::chrono::seconds(5));
+  }
+  http.stop();
+}
+
+// The signal thread. The first signal drains (on *drain_thread, so that the next signal
+// is seen while it waits); a second one exits at once. Returns when woken at exit
+// (serving_stopped).
+void handle_signals(sigset_t signals, double shutdown_timeout, EngineClient& engine,
+                    server::HttpServer& http, const std::atomic<bool>& serving_stopped,
+                    std::thread* drain_thread) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  if (sig == 0 || serving_stopped.load()) return;  // woken by ourselves at exit
+  DS_LOG_INFO("signal {}: no new requests; waiting up to {} s for running ones (a second "
+              "signal exits at once)", sig, shutdown_timeout);
+  http.set_draining(true);
+  try {
+    *drain_thread =
+        std::thread([&engine, &http, shutdown_timeout] { drain(engine, http, shutdown_timeout); });
+  } catch (const std::system_error& e) {
+    DS_LOG_ERROR("cannot start the drain thread ({}); stopping now", e.what());
+    engine.abort_all();
+    http.stop();
+    return;
+  }
+  sig = 0;
+  sigwait(&signals, &sig);
+  if (sig == 0 || serving_stopped.load()) return;
+  DS_LOG_WARN("second signal {}: exiting now", sig);
+  std::fflush(nullptr);
+  std::_Exit(128 + sig);
+}
+
+// A failed engine (with tensor parallelism: a rank died) cannot recover: /health says
+// 503 for a moment so probes see it, then the server shuts down with an error.
+void watch_engine_health(EngineClient& engine, server::HttpServer& http,
+                         const std::atomic<bool>& serving_done, std::atomic<bool>* engine_failed) {
+  while (!serving_done.load()) {
+    if (!engine.healthy()) {
+      *engine_failed = true;
+      DS_LOG_ERROR("the engine failed; shutting down");
+      std::this_thread::sleep_for(std::chrono::seconds(2));
       http.stop();
       return;
     }
-    sig = 0;
-    sigwait(&signals, &sig);
-    if (sig == 0 || serving_stopped.load()) return;
-    DS_LOG_WARN("second signal {}: exiting now", sig);
-    std::fflush(nullptr);
-    std::_Exit(128 + sig);
-  };
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// Serves HTTP until a signal drains the server (for up to shutdown_timeout seconds) or
+// the engine fails; returns the exit status.
+int serve_until_stopped(server::HttpServer& http, EngineClient& engine, sigset_t signals,
+                        double shutdown_timeout) {
+  std::thread drain_thread;
+  std::atomic<bool> serving_stopped{false};
   // A thread that cannot be made (RLIMIT_NPROC, a container's pids.max) is a clear
   // start-up error, never a hang.
   std::thread signal_thread;
   try {
-    signal_thread = std::thread(on_signals);
+    signal_thread = std::thread([&] {
+      handle_signals(signals, shutdown_timeout, engine, http, serving_stopped, &drain_thread);
+    });
   } catch (const std::system_error& e) {
     return report_error(thread_error("the signal-handling thread", e));
   }
-  // A failed engine (with tensor parallelism: a rank died) cannot recover: /health says
-  // 503 for a moment so probes see it, then the server shuts down with an error.
   std::atomic<bool> engine_failed{false};
   std::atomic<bool> serving_done{false};
-  auto watch_health = [&] {
-    while (!serving_done.load()) {
-      if (!engine.healthy()) {
-        engine_failed = true;
-        DS_LOG_ERROR("the engine failed; shutting down");
-        std::this_thread::sleep_for(std::chrono::seconds(2));
-        http.stop();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  };
   std::thread health_thread;
   Status s = Status::Ok();
   try {
-    health_thread = std::thread(watch_health);
+    health_thread =
+        std::thread([&] { watch_engine_health(engine, http, serving_done, &engine_failed); });
   } catch (const std::system_error& e) {
     s = thread_error("the health-watching thread", e);
   }
@@ -611,6 +640,67 @@ int run_serve(ServeOptions o) {
   if (!s.ok()) return report_error(s);
   DS_LOG_INFO("shut down");
   return 0;
+}
+
+// The API server's node: its engines (data-parallel ranks 0..size_local-1) behind one
+// EngineClient, the OpenAI API over HTTP in front.
+int run_api_server(const ServeOptions& o, const std::string& model_path, const LlmOptions& lo,
+                   const engine_msg::NodeConfig& node, sigset_t signals,
+                   server::AuditLog* audit_log) {
+  // The engines' expert-parallel group (if any) is declared first: the engines borrow
+  // it, so it goes after them.
+  Result<std::vector<std::unique_ptr<dist::Communicator>>> expert_comms = connect_engines(o, node);
+  if (!expert_comms.ok()) return report_error(expert_comms.status());
+  const bool lockstep = !expert_comms->empty();
+  server::ServerMetrics metrics(o.served_model_name.front(), o.dp.size);
+  EngineLoaders loaders;  // outlives the engines
+  Result<std::vector<std::unique_ptr<AsyncLlm>>> engines = start_engines(
+      o, model_path, lo, [&metrics](int i) { return metrics.engine(i); }, *expert_comms, &loaders);
+  if (!engines.ok()) return report_error(engines.status());
+  std::vector<std::unique_ptr<AsyncLlm>> local = std::move(engines).value();
+  std::unique_ptr<EngineClient> client;
+  if (o.dp.size == 1) {
+    client = std::move(local.front());
+  } else {
+    Result<std::unique_ptr<DpEngineClient>> dp =
+        DpEngineClient::create(dp_client_config(o, node, lockstep, metrics), std::move(local));
+    if (!dp.ok()) return report_error(dp.status());
+    if (Status s = (*dp)->wait_for_engines(); !s.ok()) {
+      (*dp)->set_shutdown_error(s.message());
+      return report_error(s);
+    }
+    client = std::move(dp).value();
+  }
+  chat::ChatTemplateSource template_source;
+  Result<std::unique_ptr<chat::ChatTemplate>> tmpl =
+      load_chat_template(o, model_path, &template_source);
+  if (!tmpl.ok()) return report_error(tmpl.status());
+  server::OpenAiServing serving(*client, chat_renderer(std::move(tmpl).value()),
+                                serving_config(o, model_path, template_source));
+  server::HttpServer http(http_config(o, audit_log), serving, metrics);
+  return serve_until_stopped(http, *client, signals, o.shutdown_timeout);
+}
+
+}  // namespace
+
+int run_serve(ServeOptions o) {
+  if (Status s = check_serve_flags(&o); !s.ok()) return report_error(s);
+  const std::string model_path = o.common.model.empty() ? default_model_path() : o.common.model;
+  if (o.served_model_name.empty()) o.served_model_name.push_back(model_path);
+  // Before any thread starts (the audit log's writer too: a SIGTERM delivered to a
+  // thread that does not block it kills the process at once, losing the drain and the
+  // audit lines not yet written).
+  const sigset_t signals = block_shutdown_signals();
+  Result<std::unique_ptr<server::AuditLog>> audit_log = open_audit_log(o);
+  if (!audit_log.ok()) return report_error(audit_log.status());
+  Result<LlmOptions> lo = llm_options(o, model_path);
+  if (!lo.ok()) return report_error(lo.status());
+  if (o.tp.size > 1 && o.dp.size > 1 && o.tp.rank >= 0) {
+    return run_tensor_parallel_worker(o, model_path, *lo);
+  }
+  const engine_msg::NodeConfig node = node_config(o, model_path);
+  if (o.dp.headless) return run_headless(o, model_path, *lo, node, signals);
+  return run_api_server(o, model_path, *lo, node, signals, audit_log->get());
 }
 
 }  // namespace dserve::cli

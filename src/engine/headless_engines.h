@@ -55,6 +55,8 @@ class HeadlessEngines {
 
  private:
   class Forwarder;
+  class Adder;   // run()'s thread that hands the API server's requests to the engines
+  class IoLoop;  // run()'s loop over the socket
   void post(const engine_msg::Message& m);  // queue for the socket, from any thread
   void wake();
 

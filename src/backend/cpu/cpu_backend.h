@@ -72,6 +72,14 @@ class CpuBackend final : public Backend {
   };
   // The packed copy made for a view of w's data, dtype and shape; null if none.
   const uint8_t* packed_for(const TensorView& w) const;
+  // matmul_grouped's steps, in matmul.cc, which defines MatmulCall: what they share of
+  // one call (its plan, its activation buffers, its tasks).
+  struct MatmulCall;
+  [[nodiscard]] bool plan_matmul(MatmulCall& call);  // false: no group has tokens
+  void quantize_matmul_inputs(MatmulCall& call);
+  void split_matmul_job(MatmulCall& call);
+  void run_matmul_job(const MatmulCall& call);
+  void add_matmul_biases(const MatmulCall& call);
 
   const KernelTable& kernels_;
   std::string name_;
@@ -84,6 +92,12 @@ class CpuBackend final : public Backend {
   ScratchBuffer matmul_plan_;               // and its per-target / per-group plan
   ScratchBuffer param_;                     // float copies of norm weights / biases
   std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
+
+  // paged_attention's steps, in paged_attention.cc, which defines PagedAttentionCall:
+  // one call's inputs, shapes and tiles.
+  struct PagedAttentionCall;
+  void run_tile_tasks(const PagedAttentionCall& call);
+  void run_split_tasks(const PagedAttentionCall& call, int64_t n_splits, float* partials);
 
   // A paged_attention tile: tokens [t0, t0 + n_tokens) of the batch (one sequence)
   // times heads [h0, h0 + n_heads) (one KV group), reading keys 0..max_ctx - 1.

@@ -107,6 +107,32 @@ struct SoftmaxState {
   }
 };
 
+// The scores of one step: a row of kKeyStep (a multiple of 4, as AttnStepArgs::scores
+// asks) per query.
+constexpr int64_t kScoreFloats = kMaxQueries * kKeyStep;
+
+// The checks of a batch's sequences, positions and block tables.
+void check_paged_batch(const PagedBatch& batch) {
+  DS_CHECK(batch.block_size > 0);
+  const int64_t bs = batch.block_size;
+  for (int64_t t = 0; t < batch.n_tokens; ++t) {
+    const int32_t s = batch.seq_of_token[t];
+    DS_CHECK_MSG(s >= 0 && s < batch.n_seqs, "token %lld: sequence %d out of range",
+                 static_cast<long long>(t), s);
+    const int64_t n_blocks = batch.block_table_offsets[s + 1] - batch.block_table_offsets[s];
+    DS_CHECK_MSG(batch.positions[t] >= 0 && batch.positions[t] < n_blocks * bs,
+                 "token %lld: position %d beyond its block table (%lld blocks of %lld)",
+                 static_cast<long long>(t), batch.positions[t], static_cast<long long>(n_blocks),
+                 static_cast<long long>(bs));
+  }
+  for (int64_t s = 0; s < batch.n_seqs; ++s) {
+    for (int64_t i = batch.block_table_offsets[s]; i < batch.block_table_offsets[s + 1]; ++i) {
+      DS_CHECK_MSG(batch.block_tables[i] >= 0, "sequence %lld: negative block id %d",
+                   static_cast<long long>(s), batch.block_tables[i]);
+    }
+  }
+}
+
 }  // namespace
 
 void CpuBackend::kv_store(DType kv_dtype, void* pool, int64_t row, const float* x,
@@ -157,95 +183,38 @@ void CpuBackend::kv_gather(DType kv_dtype, const void* pool, int64_t row, const 
   }
 }
 
-void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_pool,
-                                 const void* v_pool, float* out, const PagedBatch& batch,
-                                 int n_heads, int n_kv_heads, int head_dim, int v_dim,
-                                 float scale) {
-  const int64_t elem = kv_elem_bytes(kv_dtype);
-  void (*const attn_step)(const AttnStepArgs&) =
-      kv_dtype == DType::kF16 ? kernels_.attn_step_f16 : kernels_.attn_step_f32;
-  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-  DS_CHECK(batch.block_size > 0);
-  const int64_t n_tokens = batch.n_tokens;
-  const int64_t bs = batch.block_size;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const int32_t s = batch.seq_of_token[t];
-    DS_CHECK_MSG(s >= 0 && s < batch.n_seqs, "token %lld: sequence %d out of range",
-                 static_cast<long long>(t), s);
-    const int64_t n_blocks = batch.block_table_offsets[s + 1] - batch.block_table_offsets[s];
-    DS_CHECK_MSG(batch.positions[t] >= 0 && batch.positions[t] < n_blocks * bs,
-                 "token %lld: position %d beyond its block table (%lld blocks of %lld)",
-                 static_cast<long long>(t), batch.positions[t], static_cast<long long>(n_blocks),
-                 static_cast<long long>(bs));
-  }
-  for (int64_t s = 0; s < batch.n_seqs; ++s) {
-    for (int64_t i = batch.block_table_offsets[s]; i < batch.block_table_offsets[s + 1]; ++i) {
-      DS_CHECK_MSG(batch.block_tables[i] >= 0, "sequence %lld: negative block id %d",
-                   static_cast<long long>(s), batch.block_tables[i]);
-    }
-  }
-  if (n_tokens == 0) return;
-  const int group = n_heads / n_kv_heads;
+// One paged_attention call: its inputs and shapes, its tiles, and the work on one tile.
+struct CpuBackend::PagedAttentionCall {
+  const float* q;       // [n_tokens, n_heads, head_dim]
+  const char* k_pool;   // [n_slots, n_kv_heads, head_dim] elements of the KV dtype
+  const char* v_pool;   // [n_slots, n_kv_heads, v_dim]
+  float* out;           // [n_tokens, n_heads, v_dim]
+  const PagedBatch& batch;
+  void (*attn_step)(const AttnStepArgs&);  // the kernel for the KV dtype
+  int64_t elem;                            // bytes of a KV element
+  int n_heads, n_kv_heads, group, head_dim, v_dim;
+  float scale;
+  int64_t k_stride, v_stride;  // elements between slots of the pools
+  int64_t state_floats;        // SoftmaxState::floats(v_dim)
+  Tile* tiles = nullptr;       // [n_tiles], from plan_tiles
+  int64_t n_tiles = 0;
+  int64_t longest = 0;  // the most keys any tile reads
 
   // Tiles: a run of up to max_run consecutive batch tokens of one sequence times up to
   // kMaxQueries / run heads of one KV group.
-  const int heads_per_tile = std::min(group, kMaxQueries);
-  const int64_t max_run = std::max(1, kMaxQueries / heads_per_tile);
-  const int64_t head_chunks = (group + heads_per_tile - 1) / heads_per_tile;
-  Tile* tiles = tiles_.get_as<Tile>(n_tokens * n_kv_heads * head_chunks);
-  int64_t n_tiles = 0;
-  int64_t longest = 0;  // the most keys any tile reads
-  for (int64_t t = 0; t < n_tokens;) {
-    int64_t end = t + 1, max_ctx = int64_t{batch.positions[t]} + 1;
-    while (end < n_tokens && end - t < max_run &&
-           batch.seq_of_token[end] == batch.seq_of_token[t]) {
-      max_ctx = std::max(max_ctx, int64_t{batch.positions[end]} + 1);
-      ++end;
-    }
-    longest = std::max(longest, max_ctx);
-    for (int kvh = 0; kvh < n_kv_heads; ++kvh) {
-      for (int h = 0; h < group; h += heads_per_tile) {
-        tiles[n_tiles++] = {t, static_cast<int>(end - t), kvh * group + h,
-                            std::min(heads_per_tile, group - h), max_ctx};
-      }
-    }
-    t = end;
+  int heads_per_tile() const { return std::min(group, kMaxQueries); }
+  int64_t max_tiles() const {
+    const int64_t head_chunks = (group + heads_per_tile() - 1) / heads_per_tile();
+    return batch.n_tokens * n_kv_heads * head_chunks;
   }
+  // Fills tiles (storage: max_tiles() of them), n_tiles and longest.
+  void plan_tiles(Tile* storage);
 
-  // Schedule: one task per tile, or, when that leaves threads idle and the contexts
-  // are long, one task per (tile, split) and a merge pass.
-  const int64_t state_floats = SoftmaxState::floats(v_dim);
-  const int64_t n_splits = (longest + kSplitKeys - 1) / kSplitKeys;
-  const bool split_tasks = n_splits > 1 && n_tiles < 2 * int64_t{pool_.n_threads()} &&
-                           n_tiles * n_splits * state_floats <= kMaxPartialFloats;
-  // Per thread: two states (running and split) and the scores of one step, a row of
-  // kKeyStep (a multiple of 4, as AttnStepArgs::scores asks) per query.
-  constexpr int64_t kScoreFloats = kMaxQueries * kKeyStep;
-  for (auto& buf : per_thread_) buf.get((2 * state_floats + kScoreFloats) * sizeof(float));
-  float* partials =
-      split_tasks ? partials_.get_as<float>(n_tiles * n_splits * state_floats) : nullptr;
-
-  const int64_t k_stride = int64_t{n_kv_heads} * head_dim;  // elements between slots
-  const int64_t v_stride = int64_t{n_kv_heads} * v_dim;
-
-  // Runs split `split` of `tile` into `st` (cleared first); scores: [kScoreFloats] scratch.
-  auto run_split = [&](const Tile& tile, int64_t split, const SoftmaxState& st, float* scores) {
-    const int kvh = tile.h0 / group;
-    const int n_q = tile.n_tokens * tile.n_heads;
-    st.clear(n_q);
-    const int64_t begin = split * kSplitKeys;
-    const int64_t end = std::min(begin + kSplitKeys, tile.max_ctx);
-    if (begin >= end) return;
-    const int32_t* table =
-        batch.block_tables + batch.block_table_offsets[batch.seq_of_token[tile.t0]];
-    const float* q_rows[kMaxQueries];  // query i: token t0 + i / n_heads, head h0 + i % n_heads
-    int64_t n_visible[kMaxQueries];    // keys of the current step query i sees
-    int64_t n_ctx[kMaxQueries];        // query i sees positions 0..n_ctx - 1
-    for (int i = 0; i < n_q; ++i) {
-      const int64_t t = tile.t0 + i / tile.n_heads;
-      q_rows[i] = q + (t * n_heads + tile.h0 + i % tile.n_heads) * head_dim;
-      n_ctx[i] = int64_t{batch.positions[t]} + 1;
-    }
+  // attn_step's arguments for n_q queries folding into st; the keys (k, v, n_keys) and
+  // n_visible's values are the step's, set before each call.
+  [[gnu::always_inline]] AttnStepArgs step_args(const float* const* q_rows,
+                                                const int64_t* n_visible, int n_q,
+                                                const SoftmaxState& st, float* scores) const {
     AttnStepArgs args{};
     args.q = q_rows;
     args.n_visible = n_visible;
@@ -259,82 +228,186 @@ void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_p
     args.l = st.l;
     args.acc = st.acc;
     args.scores = scores;
-
-    // Steps end at block boundaries, every kKeyStep keys inside a block, and at `end`
-    // (which cuts only the last step of the tile's last query; the kernel cuts the
-    // others at n_visible). A step's rows are prefetched one step ahead: blocks are
-    // scattered, and a head's slice of a slot is only part of the row, so the hardware
-    // prefetcher cannot follow on its own.
-    auto step_at = [&](int64_t p0, int64_t* slot) {
-      *slot = int64_t{table[p0 / bs]} * bs + p0 % bs;
-      return std::min({kKeyStep, bs - p0 % bs, end - p0});
-    };
-    // This KV head's part of slot 0, in bytes (elements of kv_dtype).
-    const char* k_head = static_cast<const char*>(k_pool) + int64_t{kvh} * head_dim * elem;
-    const char* v_head = static_cast<const char*>(v_pool) + int64_t{kvh} * v_dim * elem;
-    int64_t slot = 0;
-    int64_t n_keys = step_at(begin, &slot);
-    for (int64_t p0 = begin; p0 < end;) {
-      const int64_t p1 = p0 + n_keys;
-      int64_t next_slot = 0, next_n_keys = 0;
-      if (p1 < end) {
-        next_n_keys = step_at(p1, &next_slot);
-        prefetch_rows(k_head + next_slot * k_stride * elem, k_stride * elem, head_dim * elem,
-                      next_n_keys);
-        prefetch_rows(v_head + next_slot * v_stride * elem, v_stride * elem, v_dim * elem,
-                      next_n_keys);
-      }
-      for (int i = 0; i < n_q; ++i) n_visible[i] = n_ctx[i] - p0;
-      args.k = k_head + slot * k_stride * elem;
-      args.v = v_head + slot * v_stride * elem;
-      args.n_keys = n_keys;
-      attn_step(args);
-      p0 = p1;
-      slot = next_slot;
-      n_keys = next_n_keys;
-    }
-  };
-
-  // out rows of a tile's queries from their folded state (l >= 1: each query's
-  // largest score contributes exp(0)).
-  auto finish = [&](const Tile& tile, const SoftmaxState& st) {
-    for (int i = 0; i < tile.n_tokens * tile.n_heads; ++i) {
-      const int64_t t = tile.t0 + i / tile.n_heads;
-      float* o = out + (t * n_heads + tile.h0 + i % tile.n_heads) * v_dim;  // [v_dim]
-      const float inv = 1.0f / st.l[i];
-      const float* a = st.acc + int64_t{i} * v_dim;
-      for (int d = 0; d < v_dim; ++d) o[d] = a[d] * inv;
-    }
-  };
-
-  if (!split_tasks) {
-    pool_.run(n_tiles, [&](int64_t ti, int thread) {
-      const Tile& tile = tiles[ti];
-      const int n_q = tile.n_tokens * tile.n_heads;
-      float* scratch = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
-      const SoftmaxState total = SoftmaxState::at(scratch, v_dim);
-      const SoftmaxState part = SoftmaxState::at(scratch + state_floats, v_dim);
-      if (tile.max_ctx <= kSplitKeys) {  // one split: folding it into a cleared state
-        run_split(tile, 0, total, scratch + 2 * state_floats);  // would copy it exactly
-        finish(tile, total);
-        return;
-      }
-      total.clear(n_q);
-      for (int64_t sp = 0; sp * kSplitKeys < tile.max_ctx; ++sp) {
-        run_split(tile, sp, part, scratch + 2 * state_floats);
-        total.fold(part, n_q, kernels_);
-      }
-      finish(tile, total);
-    });
-    return;
+    return args;
   }
-  pool_.run(n_tiles * n_splits, [&](int64_t task, int thread) {
-    float* scores = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
-    run_split(tiles[task / n_splits], task % n_splits,
-              SoftmaxState::at(partials + task * state_floats, v_dim), scores);
+  void run_split(const Tile& tile, int64_t split, const SoftmaxState& st, float* scores) const;
+  [[gnu::always_inline]] void finish(const Tile& tile, const SoftmaxState& st) const;
+};
+
+void CpuBackend::PagedAttentionCall::plan_tiles(Tile* storage) {
+  tiles = storage;
+  const int per_tile = heads_per_tile();
+  const int64_t max_run = std::max(1, kMaxQueries / per_tile);
+  for (int64_t t = 0; t < batch.n_tokens;) {
+    int64_t end = t + 1, max_ctx = int64_t{batch.positions[t]} + 1;
+    while (end < batch.n_tokens && end - t < max_run &&
+           batch.seq_of_token[end] == batch.seq_of_token[t]) {
+      max_ctx = std::max(max_ctx, int64_t{batch.positions[end]} + 1);
+      ++end;
+    }
+    longest = std::max(longest, max_ctx);
+    for (int kvh = 0; kvh < n_kv_heads; ++kvh) {
+      for (int h = 0; h < group; h += per_tile) {
+        tiles[n_tiles++] = {t, static_cast<int>(end - t), kvh * group + h,
+                            std::min(per_tile, group - h), max_ctx};
+      }
+    }
+    t = end;
+  }
+}
+
+// Runs split `split` of `tile` into `st` (cleared first); scores: [kScoreFloats] scratch.
+// The key loop stays in this function: moved to an always_inline helper, GCC 12 -O3
+// dropped prefetch_rows' prefetches.
+void CpuBackend::PagedAttentionCall::run_split(const Tile& tile, int64_t split,
+                                               const SoftmaxState& st, float* scores) const {
+  const int kvh = tile.h0 / group;
+  const int n_q = tile.n_tokens * tile.n_heads;
+  st.clear(n_q);
+  const int64_t begin = split * kSplitKeys;
+  const int64_t end = std::min(begin + kSplitKeys, tile.max_ctx);
+  if (begin >= end) return;
+  const int64_t bs = batch.block_size;
+  const int32_t* table =
+      batch.block_tables + batch.block_table_offsets[batch.seq_of_token[tile.t0]];
+  const float* q_rows[kMaxQueries];  // query i: token t0 + i / n_heads, head h0 + i % n_heads
+  int64_t n_visible[kMaxQueries];    // keys of the current step query i sees
+  int64_t n_ctx[kMaxQueries];        // query i sees positions 0..n_ctx - 1
+  for (int i = 0; i < n_q; ++i) {
+    const int64_t t = tile.t0 + i / tile.n_heads;
+    q_rows[i] = q + (t * n_heads + tile.h0 + i % tile.n_heads) * head_dim;
+    n_ctx[i] = int64_t{batch.positions[t]} + 1;
+  }
+  AttnStepArgs args = step_args(q_rows, n_visible, n_q, st, scores);
+
+  // Steps end at block boundaries, every kKeyStep keys inside a block, and at `end`
+  // (which cuts only the last step of the tile's last query; the kernel cuts the
+  // others at n_visible). A step's rows are prefetched one step ahead: blocks are
+  // scattered, and a head's slice of a slot is only part of the row, so the hardware
+  // prefetcher cannot follow on its own.
+  auto step_at = [&](int64_t p0, int64_t* slot) {
+    *slot = int64_t{table[p0 / bs]} * bs + p0 % bs;
+    return std::min({kKeyStep, bs - p0 % bs, end - p0});
+  };
+  // This KV head's part of slot 0, in bytes (elements of kv_dtype).
+  const char* k_head = k_pool + int64_t{kvh} * head_dim * elem;
+  const char* v_head = v_pool + int64_t{kvh} * v_dim * elem;
+  int64_t slot = 0;
+  int64_t n_keys = step_at(begin, &slot);
+  for (int64_t p0 = begin; p0 < end;) {
+    const int64_t p1 = p0 + n_keys;
+    int64_t next_slot = 0, next_n_keys = 0;
+    if (p1 < end) {
+      next_n_keys = step_at(p1, &next_slot);
+      prefetch_rows(k_head + next_slot * k_stride * elem, k_stride * elem, head_dim * elem,
+                    next_n_keys);
+      prefetch_rows(v_head + next_slot * v_stride * elem, v_stride * elem, v_dim * elem,
+                    next_n_keys);
+    }
+    for (int i = 0; i < n_q; ++i) n_visible[i] = n_ctx[i] - p0;
+    args.k = k_head + slot * k_stride * elem;
+    args.v = v_head + slot * v_stride * elem;
+    args.n_keys = n_keys;
+    attn_step(args);
+    p0 = p1;
+    slot = next_slot;
+    n_keys = next_n_keys;
+  }
+}
+
+// out rows of a tile's queries from their folded state (l >= 1: each query's
+// largest score contributes exp(0)).
+inline void CpuBackend::PagedAttentionCall::finish(const Tile& tile,
+                                                   const SoftmaxState& st) const {
+  for (int i = 0; i < tile.n_tokens * tile.n_heads; ++i) {
+    const int64_t t = tile.t0 + i / tile.n_heads;
+    float* o = out + (t * n_heads + tile.h0 + i % tile.n_heads) * v_dim;  // [v_dim]
+    const float inv = 1.0f / st.l[i];
+    const float* a = st.acc + int64_t{i} * v_dim;
+    for (int d = 0; d < v_dim; ++d) o[d] = a[d] * inv;
+  }
+}
+
+void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_pool,
+                                 const void* v_pool, float* out, const PagedBatch& batch,
+                                 int n_heads, int n_kv_heads, int head_dim, int v_dim,
+                                 float scale) {
+  const int64_t elem = kv_elem_bytes(kv_dtype);
+  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  check_paged_batch(batch);
+  if (batch.n_tokens == 0) return;
+  PagedAttentionCall call{
+      .q = q,
+      .k_pool = static_cast<const char*>(k_pool),
+      .v_pool = static_cast<const char*>(v_pool),
+      .out = out,
+      .batch = batch,
+      .attn_step = kv_dtype == DType::kF16 ? kernels_.attn_step_f16 : kernels_.attn_step_f32,
+      .elem = elem,
+      .n_heads = n_heads,
+      .n_kv_heads = n_kv_heads,
+      .group = n_heads / n_kv_heads,
+      .head_dim = head_dim,
+      .v_dim = v_dim,
+      .scale = scale,
+      .k_stride = int64_t{n_kv_heads} * head_dim,
+      .v_stride = int64_t{n_kv_heads} * v_dim,
+      .state_floats = SoftmaxState::floats(v_dim),
+  };
+  call.plan_tiles(tiles_.get_as<Tile>(call.max_tiles()));
+
+  // Schedule: one task per tile, or, when that leaves threads idle and the contexts
+  // are long, one task per (tile, split) and a merge pass.
+  const int64_t n_splits = (call.longest + kSplitKeys - 1) / kSplitKeys;
+  const bool split_tasks = n_splits > 1 && call.n_tiles < 2 * int64_t{pool_.n_threads()} &&
+                           call.n_tiles * n_splits * call.state_floats <= kMaxPartialFloats;
+  // Per thread: two states (running and split) and the scores of one step.
+  for (auto& buf : per_thread_) buf.get((2 * call.state_floats + kScoreFloats) * sizeof(float));
+  if (split_tasks) {
+    run_split_tasks(call, n_splits,
+                    partials_.get_as<float>(call.n_tiles * n_splits * call.state_floats));
+  } else {
+    run_tile_tasks(call);
+  }
+}
+
+// One task per tile: its splits in order, each folded into the running state.
+void CpuBackend::run_tile_tasks(const PagedAttentionCall& call) {
+  const int64_t state_floats = call.state_floats;
+  const int v_dim = call.v_dim;
+  pool_.run(call.n_tiles, [&](int64_t ti, int thread) {
+    const Tile& tile = call.tiles[ti];
+    const int n_q = tile.n_tokens * tile.n_heads;
+    float* scratch = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
+    const SoftmaxState total = SoftmaxState::at(scratch, v_dim);
+    const SoftmaxState part = SoftmaxState::at(scratch + state_floats, v_dim);
+    if (tile.max_ctx <= kSplitKeys) {  // one split: folding it into a cleared state
+      call.run_split(tile, 0, total, scratch + 2 * state_floats);  // would copy it exactly
+      call.finish(tile, total);
+      return;
+    }
+    total.clear(n_q);
+    for (int64_t sp = 0; sp * kSplitKeys < tile.max_ctx; ++sp) {
+      call.run_split(tile, sp, part, scratch + 2 * state_floats);
+      total.fold(part, n_q, kernels_);
+    }
+    call.finish(tile, total);
   });
-  pool_.run(n_tiles, [&](int64_t ti, int thread) {
-    const Tile& tile = tiles[ti];
+}
+
+// One task per (tile, split), each into its own state in partials
+// ([n_tiles * n_splits, state_floats]), then a pass that folds each tile's in order.
+void CpuBackend::run_split_tasks(const PagedAttentionCall& call, int64_t n_splits,
+                                 float* partials) {
+  const int64_t state_floats = call.state_floats;
+  const int v_dim = call.v_dim;
+  pool_.run(call.n_tiles * n_splits, [&](int64_t task, int thread) {
+    float* scores = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
+    call.run_split(call.tiles[task / n_splits], task % n_splits,
+                   SoftmaxState::at(partials + task * state_floats, v_dim), scores);
+  });
+  pool_.run(call.n_tiles, [&](int64_t ti, int thread) {
+    const Tile& tile = call.tiles[ti];
     const int n_q = tile.n_tokens * tile.n_heads;
     const SoftmaxState total =
         SoftmaxState::at(per_thread_[thread].get_as<float>(state_floats), v_dim);
@@ -343,7 +416,7 @@ void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_p
       total.fold(SoftmaxState::at(partials + (ti * n_splits + sp) * state_floats, v_dim), n_q,
                  kernels_);
     }
-    finish(tile, total);
+    call.finish(tile, total);
   });
 }
 
