@@ -167,3 +167,8 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nthe session's fixture teardowns changed the test process's shared state: "
               f"{', '.join(changed)}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "serve_args(*args): extra `dserve serve` flags for a "
+                                       "test's server fixture")

@@ -50,14 +50,17 @@ def adapter_query():
 
 
 @pytest.fixture
-def scraped(dserve_bin, default_model, tmp_path):
-    """dserve (one sequence at a time, so requests wait) and a Prometheus scraping it
-    every second with the deploy configuration's job."""
+def scraped(dserve_bin, default_model, tmp_path, request):
+    """dserve (one sequence at a time, so requests wait; extra flags from the test's
+    `serve_args` mark) and a Prometheus scraping it every second with the deploy
+    configuration's job."""
+    marker = request.node.get_closest_marker("serve_args")
+    extra = marker.args if marker else ()
     assert subprocess.run([PROMTOOL, "check", "config", REPO / "deploy" / "prometheus" / "prometheus.yml"],
                           capture_output=True).returncode == 0
     config = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
     with server_util.running(dserve_bin, default_model, "--served-model-name", MODEL,
-                             "--threads", 2, "--max-num-seqs", 1,
+                             "--max-num-seqs", 1, *(extra or ("--threads", 2)),
                              log_path=tmp_path / "serve.log") as server:
         config["global"]["scrape_interval"] = "1s"
         job = config["scrape_configs"][0]
@@ -138,3 +141,15 @@ def test_prometheus_scrapes_dserve_for_the_adapter_and_the_dashboard(scraped):
     for expr in exprs:
         result = query(base, expr.replace("$model_name", MODEL))
         assert result, f"no data for the dashboard's {expr}"
+
+
+@pytest.mark.serve_args("--data-parallel-size", 2)
+def test_each_data_parallel_engine_is_its_own_series(scraped):
+    server, base = scraped
+    for t in send_long_requests(server, 4):
+        t.join()
+    engines = wait_for(base, f'sum by (engine) (vllm:request_success_total{{model_name="{MODEL}"}})',
+                       lambda r: len(r) == 2 and sum(float(e["value"][1]) for e in r) == 4)
+    assert {e["metric"]["engine"] for e in engines} == {"0", "1"}, engines
+    running = query(base, "vllm:num_requests_running")
+    assert {s["metric"]["engine"] for s in running} == {"0", "1"}, running
