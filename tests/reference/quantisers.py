@@ -43,15 +43,16 @@ def run(name, **arguments):
         raise RuntimeError(f"quantiser {name} exited {r.returncode}\n{r.stderr[-6000:]}")
 
 
-# ---- the child's side: everything below runs only in the child process ----
-
-def _word_level_tokenizer(vocab):
-    """A word-level tokenizer over the ids: llmcompressor wants a processor to save."""
+def word_level_tokenizer(vocab):
+    """A word-level tokenizer over the ids 0..vocab-1 (saved beside the tiny float
+    checkpoints; llmcompressor wants a processor to save)."""
     import transformers
     from tokenizers import Tokenizer, models
     return transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(
         models.WordLevel({str(i): i for i in range(vocab)}, unk_token="0")))
 
+
+# ---- the child's side: everything below runs only in the child process ----
 
 def _random_ids_dataset(vocab, seed, rows=16, length=64):
     import torch
@@ -83,7 +84,7 @@ def llmcompressor_w8a8(float_dir, out_dir, vocab, seed, static):
     from llmcompressor import oneshot
     model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
     oneshot(model=model, dataset=_random_ids_dataset(vocab, seed), recipe=_w8a8_recipe(static),
-            processor=_word_level_tokenizer(vocab), num_calibration_samples=16,
+            processor=word_level_tokenizer(vocab), num_calibration_samples=16,
             max_seq_length=64)
     model.save_pretrained(out_dir, save_compressed=True)
 
@@ -102,7 +103,7 @@ def llmcompressor_deepseek_w8a8(float_dir, out_dir, vocab, seed):
     recipe = QuantizationModifier(targets="Linear", scheme="W8A8",
                                   ignore=["lm_head", "re:.*mlp.gate$"])
     oneshot(model=model.eval(), dataset=_random_ids_dataset(vocab, seed), recipe=recipe,
-            processor=_word_level_tokenizer(vocab), num_calibration_samples=16,
+            processor=word_level_tokenizer(vocab), num_calibration_samples=16,
             max_seq_length=64)
     model.save_pretrained(out_dir, save_compressed=True)
 

@@ -49,14 +49,6 @@ FLOAT_ACTIVATION_LAYERS = ("kv_b_proj",)
 CASES = ["v3-qlora-yarn", "v2-grouped"]
 
 
-def _tokenizer():
-    """A word-level tokenizer over the ids, saved beside the float checkpoint."""
-    from tokenizers import Tokenizer, models
-    vocab = {str(i): i for i in range(ds.VOCAB)}
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")))
-
-
 @contextlib.contextmanager
 def _conversion_mappings_restored():
     """transformers' checkpoint conversion mappings as they were before the block.
@@ -97,7 +89,7 @@ def fixture(name):
         tmp = d.with_name(d.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         ds._build_model(case).save_pretrained(tmp / "float")
-        _tokenizer().save_pretrained(tmp / "float")
+        quantisers.word_level_tokenizer(ds.VOCAB).save_pretrained(tmp / "float")
         quantisers.run("llmcompressor_deepseek_w8a8", float_dir=tmp / "float",
                        out_dir=tmp / "w8a8", vocab=ds.VOCAB, seed=2000 + case["seed"])
         (tmp / "done").write_text("")

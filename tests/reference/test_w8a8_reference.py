@@ -84,14 +84,6 @@ def _build_float_model(case):
     return model.eval()
 
 
-def _tokenizer():
-    """A word-level tokenizer over the ids, saved beside the float checkpoint."""
-    from tokenizers import Tokenizer, models
-    vocab = {str(i): i for i in range(VOCAB)}
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="0")))
-
-
 def _fixture(case):
     """(float dir, W8A8 dir) for a case, built once and cached."""
     key = content_key(case, FIXTURE_VERSION, VOCAB, transformers.__version__,
@@ -101,7 +93,7 @@ def _fixture(case):
         tmp = d.with_name(d.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         _build_float_model(case).save_pretrained(tmp / "float")
-        _tokenizer().save_pretrained(tmp / "float")
+        quantisers.word_level_tokenizer(VOCAB).save_pretrained(tmp / "float")
         quantisers.run("llmcompressor_w8a8", float_dir=tmp / "float", out_dir=tmp / "w8a8",
                        vocab=VOCAB, seed=2000 + case["seed"], static=case["static"])
         (tmp / "done").write_text("")
