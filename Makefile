@@ -25,7 +25,7 @@ PORT ?= 8000
 SERVED_NAME ?= SmolLM2-135M-Instruct
 PROMPT ?= The three most useful things to know about the ocean are
 
-# What dserve is built from (tests/test_container.py checks the Dockerfile's build stage
+# What dserve is built from (tests/reference/test_container.py checks the Dockerfile's build stage
 # against this list), then what only the tests and micro-benchmarks need.
 SERVE_APT_PACKAGES := cmake ninja-build pkg-config g++ ccache unzip nlohmann-json3-dev libonig-dev \
 	libicu-dev libcli11-dev libssl-dev libspdlog-dev libfmt-dev libcurl4-openssl-dev libgloo-dev \
