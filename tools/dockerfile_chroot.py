@@ -179,10 +179,10 @@ def mounted(root, binds):
 class Stage:
     """One stage's root and the state its instructions build."""
 
-    def __init__(self, spec, root, args):
-        self.spec, self.root = spec, root
+    def __init__(self, root):
+        self.root = root
         self.env = {"PATH": DEFAULT_PATH, "HOME": "/root"}
-        self.args = dict(args)
+        self.args = {}
         self.workdir, self.user = "/", "0"
         self.meta = {}
 
@@ -266,7 +266,7 @@ def build(stages_spec, context, cache, work, cache_mounts):
         key = hashlib.sha256(json.dumps([spec["base"], [s[1:] for s in steps[:first_copy]]])
                              .encode()).hexdigest()[:16]
         layer = cache / f"layer-{key}"
-        stage = Stage(spec, work / spec["name"], {})
+        stage = Stage(work / spec["name"])
         if (layer / ".done").exists():
             log(f"stage {spec['name']}: packages cached ({layer.name})")
             copy_root(layer, stage.root)
