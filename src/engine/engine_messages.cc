@@ -164,6 +164,9 @@ json to_json(const SamplingOptions& o) {
             {"skip_special_tokens", o.skip_special_tokens},
             {"max_tokens", o.max_tokens},
             {"min_tokens", o.min_tokens}};
+  // [[id, bias], ...]: JSON object keys would be strings.
+  j["logit_bias"] = json::array();
+  for (const auto& [id, bias] : o.logit_bias) j["logit_bias"].push_back({id, bias});
   j["seed"] = o.seed ? json(*o.seed) : json(nullptr);
   j["logprobs"] = o.logprobs ? json(*o.logprobs) : json(nullptr);
   j["prompt_logprobs"] = o.prompt_logprobs ? json(*o.prompt_logprobs) : json(nullptr);
@@ -188,6 +191,14 @@ SamplingOptions sampling_options(const json& j) {
   o.repetition_penalty = float_at(j, "repetition_penalty");
   o.frequency_penalty = float_at(j, "frequency_penalty");
   o.presence_penalty = float_at(j, "presence_penalty");
+  for (const json& e : array_at(j, "logit_bias")) {
+    // A bias outside float's range has no float value; SamplingParams checks the rest.
+    if (!e.is_array() || e.size() != 2 || !e[1].is_number() ||
+        !(std::abs(e[1].get<double>()) <= std::numeric_limits<float>::max())) {
+      throw BadField{"\"logit_bias\" holds something other than [id, bias]"};
+    }
+    o.logit_bias[integer<int32_t>(e[0], "logit_bias")] = e[1].get<float>();
+  }
   o.seed = optional_integer_at<uint64_t>(j, "seed");
   for (const json& s : array_at(j, "stop")) {
     if (!s.is_string()) throw BadField{"\"stop\" holds a non-string"};

@@ -120,6 +120,12 @@ Status LlmEngine::add_request(RequestId id, std::vector<int32_t> prompt,
                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
+  for (const auto& [t, bias] : params.logit_bias()) {
+    if (t >= vocab) {
+      return invalid_argument(who + "logit_bias token id " + std::to_string(t) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
   std::vector<RequestId> ids = {id};
   ids.insert(ids.end(), fork_ids.begin(), fork_ids.end());
   for (size_t j = 0; j < ids.size(); ++j) {

@@ -91,7 +91,7 @@ std::span<const float> Sampler::penalised(const SamplingState& state,
                                           std::span<const float> logits, bool mask_stops) {
   const SamplingParams& p = state.params();
   const bool mask = mask_stops && state.stop_ids_masked() && !state.stop_ids().empty();
-  if (!mask && !p.has_penalties()) return logits;
+  if (!mask && !p.has_penalties() && p.logit_bias().empty()) return logits;
 
   row_.assign(logits.begin(), logits.end());
   const auto vocab = static_cast<int32_t>(row_.size());
@@ -100,6 +100,11 @@ std::span<const float> Sampler::penalised(const SamplingState& state,
     for (int32_t id : state.stop_ids()) {
       if (valid(id)) row_[id] = kNegInf;
     }
+  }
+  // logit_bias (OpenAI): added as given, after min_tokens' masking and before the
+  // penalties, as vLLM v1 orders its logits processors. A masked id (-inf) stays masked.
+  for (const auto& [id, bias] : p.logit_bias()) {
+    if (valid(id)) row_[id] += bias;
   }
   // Repetition penalty (HF / vLLM): every id seen in the prompt or the output once,
   // however often it occurs; a positive logit is divided, a negative one multiplied,

@@ -2,7 +2,8 @@
 // vLLM v1's sampler (see sampling_params.h for the order of processing).
 //
 // Cost per call, V = vocabulary:
-//   penalties, min_tokens masking  O(V) copy + O(distinct prompt and output ids)
+//   penalties, min_tokens masking, O(V) copy + O(distinct prompt and output ids
+//   logit_bias                     + biased ids)
 //   greedy                         O(V) (argmax)
 //   plain temperature sampling     O(V) (one exp per id, inverse CDF in id order)
 //   min_p                          O(V) (a threshold on the logit)
@@ -22,9 +23,9 @@
 // ids are allowed exactly when the constraint is complete (or nothing else is).
 //
 // Logprobs are vLLM's default mode, "raw_logprobs": log-softmax of the model's logits
-// (after a constraint's mask) before penalties, temperature and filtering; with them come the sampled token's
-// rank (how many tokens have a raw log-prob >= its own) and the best
-// params.logprobs() alternatives.
+// (after a constraint's mask) before logit_bias, penalties, temperature and filtering;
+// with them come the sampled token's rank (how many tokens have a raw log-prob >= its
+// own) and the best params.logprobs() alternatives.
 //
 // Randomness: one uniform per step from counter_rng.h, keyed by the state's seed,
 // sample index and n_output(), so a sequence's tokens do not depend on the batch.
@@ -55,10 +56,10 @@ class Sampler {
   // n_top alternatives (prompt logprobs: how likely the model found the actual text).
   SampleResult score(std::span<const float> logits, int32_t token, int n_top);
 
-  // The distribution sample() draws from, as logits: penalties and masking applied,
-  // divided by the temperature, -inf for every id min_p / top_k / top_p removed.
-  // Greedy requests get the penalised logits unscaled. out: [vocab]. For tests and
-  // a future "processed_logprobs" mode; O(V log V) in the worst case.
+  // The distribution sample() draws from, as logits: masking, bias and penalties
+  // applied, divided by the temperature, -inf for every id min_p / top_k / top_p
+  // removed. Greedy requests get the biased and penalised logits unscaled. out: [vocab].
+  // For tests and a future "processed_logprobs" mode; O(V log V) in the worst case.
   void processed_logits(const SamplingState& state, std::span<const float> logits,
                         std::span<float> out);
 
@@ -69,8 +70,8 @@ class Sampler {
   // the constraint does not allow; stop ids are then decided here (stops_handled).
   std::span<const float> constrained(const SamplingState& state, std::span<const float> logits,
                                      bool* stops_handled);
-  // logits, or scratch holding them with masking and penalties applied. mask_stops:
-  // apply min_tokens' masking of stop ids.
+  // logits, or scratch holding them with masking, bias and penalties applied.
+  // mask_stops: apply min_tokens' masking of stop ids.
   std::span<const float> penalised(const SamplingState& state, std::span<const float> logits,
                                    bool mask_stops);
   // Fills candidates_ with the ids that survive min_p, top_k and top_p; returns how

@@ -40,6 +40,15 @@ Result<SamplingParams> SamplingParams::create(SamplingOptions o) {
   if (!(o.presence_penalty >= -2.0f && o.presence_penalty <= 2.0f)) {
     return invalid_argument("presence_penalty must be in [-2, 2], got " + str(o.presence_penalty));
   }
+  for (const auto& [id, bias] : o.logit_bias) {
+    if (id < 0) {
+      return invalid_argument("logit_bias keys must be token ids >= 0, got " + std::to_string(id));
+    }
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias)) {
+      return invalid_argument("logit_bias values must be in [-100, 100], got " + str(bias) +
+                              " for token " + std::to_string(id));
+    }
+  }
   if (o.max_tokens < 1) {
     return invalid_argument("max_tokens must be at least 1, got " + std::to_string(o.max_tokens));
   }

@@ -4,10 +4,11 @@
 // downstream re-checks ranges.
 //
 // Order of processing per step (vLLM v1's sampler): min_tokens masking of stop ids ->
-// repetition / frequency / presence penalties -> greedy argmax if temperature ~ 0,
-// otherwise temperature -> min_p -> top_k -> top_p (over what top_k left,
-// renormalised) -> one draw from the per-request RNG. Logprobs are vLLM's default
-// "raw_logprobs": from the model's logits before any of this processing.
+// logit_bias -> repetition / frequency / presence penalties -> greedy argmax if
+// temperature ~ 0, otherwise temperature -> min_p -> top_k -> top_p (over what top_k
+// left, renormalised) -> one draw from the per-request RNG. Logprobs are vLLM's default
+// "raw_logprobs": from the model's logits before any of this processing (so a
+// logit_bias changes which token is chosen, not the logprobs reported for it).
 //
 // One deliberate difference: top_k keeps exactly k tokens, breaking a tie at the k-th
 // logit by the lower id; vLLM and transformers keep every token tied with the k-th.
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -29,6 +31,8 @@ namespace dserve {
 inline constexpr int kMaxLogprobs = 20;
 // Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS).
 inline constexpr float kGreedyTemperature = 1e-5f;
+// A logit_bias value lies in [-kMaxLogitBias, kMaxLogitBias] (OpenAI's range).
+inline constexpr float kMaxLogitBias = 100.0f;
 
 // Constrained decoding (structured output, vLLM's StructuredOutputsParams): the output
 // must match this. Plain data: the engine compiles it against the model's tokenizer
@@ -57,6 +61,9 @@ struct SamplingOptions {
   float repetition_penalty = 1.0f;     // > 0; 1: off. Over prompt and output tokens
   float frequency_penalty = 0.0f;      // [-2, 2]; 0: off. Over output tokens
   float presence_penalty = 0.0f;       // [-2, 2]; 0: off. Over output tokens
+  // token id -> added to its logit every step, [-kMaxLogitBias, kMaxLogitBias] (OpenAI's
+  // logit_bias). Ids must lie in the vocabulary, which the engine checks.
+  std::map<int32_t, float> logit_bias = {};
   std::optional<uint64_t> seed = {};   // none: the engine's entropy
   std::vector<std::string> stop = {};  // stop strings, not returned in the output
   std::vector<int32_t> stop_token_ids = {};
@@ -88,6 +95,7 @@ class SamplingParams {
   float repetition_penalty() const { return o_.repetition_penalty; }
   float frequency_penalty() const { return o_.frequency_penalty; }
   float presence_penalty() const { return o_.presence_penalty; }
+  const std::map<int32_t, float>& logit_bias() const { return o_.logit_bias; }
   const std::optional<uint64_t>& seed() const { return o_.seed; }
   const std::vector<std::string>& stop() const { return o_.stop; }
   const std::vector<int32_t>& stop_token_ids() const { return o_.stop_token_ids; }

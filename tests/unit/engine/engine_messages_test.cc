@@ -48,6 +48,7 @@ TEST(EngineMessages, AddCarriesEverySamplingOption) {
   o.repetition_penalty = 1.1f;
   o.frequency_penalty = -0.5f;
   o.presence_penalty = 0.25f;
+  o.logit_bias = {{0, -100.0f}, {2147483647, 0.5f}};
   o.seed = std::numeric_limits<uint64_t>::max();
   o.stop = {"\n\n", "stop \xe2\x9c\x93"};
   o.stop_token_ids = {7, 8};
@@ -70,6 +71,7 @@ TEST(EngineMessages, AddCarriesEverySamplingOption) {
   EXPECT_EQ(b.options.repetition_penalty, 1.1f);
   EXPECT_EQ(b.options.frequency_penalty, -0.5f);
   EXPECT_EQ(b.options.presence_penalty, 0.25f);
+  EXPECT_EQ(b.options.logit_bias, o.logit_bias);
   EXPECT_EQ(b.options.seed, o.seed);
   EXPECT_EQ(b.options.stop, o.stop);
   EXPECT_EQ(b.options.stop_token_ids, o.stop_token_ids);
@@ -93,6 +95,7 @@ TEST(EngineMessages, AddCarriesEverySamplingOption) {
   EXPECT_FALSE(c.options.logprobs.has_value());
   EXPECT_FALSE(c.options.prompt_logprobs.has_value());
   EXPECT_FALSE(c.options.structured_outputs.has_value());
+  EXPECT_TRUE(c.options.logit_bias.empty());
 }
 
 TEST(EngineMessages, OutputKeepsLogprobsBitForBit) {

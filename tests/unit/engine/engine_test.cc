@@ -219,6 +219,9 @@ TEST_F(EngineTest, BadRequestsAreRefusedAndOthersGoOn) {
   bad.n = 0;
   EXPECT_EQ(e.add_request(1, {1, 2}, bad).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(e.add_request(1, {1, kVocab}, greedy(4)).code(), StatusCode::kInvalidArgument);
+  bad = greedy(4);
+  bad.logit_bias = {{kVocab, 1.0f}};
+  EXPECT_EQ(e.add_request(1, {1, 2}, bad).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(e.add_request(1, std::vector<int32_t>(161, 1), greedy(4)).code(),
             StatusCode::kInvalidArgument);  // longer than max_model_len (161)
   // (A request that cannot fit even alone cannot reach add_request: create() refuses a

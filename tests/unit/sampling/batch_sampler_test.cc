@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <set>
@@ -115,6 +116,29 @@ TEST(BatchSamplerTest, MatchesOneSamplerPerRow) {
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(out[i].token, single.sample(*states[i], row_for(i, 0)).token) << i;
   }
+}
+
+TEST(BatchSamplerTest, LogitBiasIsPerRequest) {
+  // Greedy requests over one row: those with a +100 bias on their own id get it, the
+  // others the row's argmax, wherever they sit in the batch.
+  const std::vector<float> row = row_for(0, 0);
+  const int32_t best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  ThreadPool pool(3);
+  BatchSampler batch(&pool);
+  std::vector<std::unique_ptr<SamplingState>> states;
+  std::vector<const SamplingState*> view;
+  std::vector<float> logits;
+  for (int i = 0; i < 8; ++i) {
+    SamplingOptions o{.temperature = 0.0f};
+    if (i % 2 == 0) o.logit_bias = {{static_cast<int32_t>(10 + i), 100.0f}};
+    states.push_back(std::make_unique<SamplingState>(make(o), std::vector<int32_t>{},
+                                                     std::vector<int32_t>{}));
+    view.push_back(states.back().get());
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  std::vector<SampleResult> out(8);
+  batch.sample(logits, kVocab, view, out);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(out[i].token, i % 2 == 0 ? 10 + i : best) << i;
 }
 
 }  // namespace

@@ -133,6 +133,50 @@ TEST(PenaltyTest, GreedyChoiceFollowsPenalisedLogits) {
   EXPECT_EQ(s.sample(state, kLogits).token, 0);  // 3 - 1.5 = 1.5 < 2
 }
 
+TEST(LogitBiasTest, AddedAfterMinTokensMaskingAndBeforePenalties) {
+  // vLLM v1's order: min_tokens masking, then logit_bias, then the penalties. Id 0 (a
+  // prompt id, logit 2) with bias -4 becomes -2, then the repetition penalty multiplies
+  // it: -4 (penalising first would give 2 / 2 - 4 = -3). Id 3 (unseen) just gets +1.5.
+  const float r = 2.0f;
+  std::vector<float> got = processed(
+      penalty_state({.repetition_penalty = r, .logit_bias = {{0, -4.0f}, {3, 1.5f}}}), kLogits);
+  EXPECT_FLOAT_EQ(got[0], (2.0f - 4.0f) * r);
+  EXPECT_FLOAT_EQ(got[3], 3.0f + 1.5f);
+  EXPECT_FLOAT_EQ(got[5], 1.0f);  // neither biased nor seen
+  // A stop id masked by min_tokens stays masked whatever its bias.
+  SamplingState masked(
+      make({.temperature = 0.0f, .logit_bias = {{1, 100.0f}}, .max_tokens = 9, .min_tokens = 2}),
+      {}, std::vector<int32_t>{1});
+  EXPECT_EQ(processed(masked, kLogits)[1], kNegInf);
+}
+
+TEST(LogitBiasTest, SteersGreedyAndSampledChoicesButNotTheRawLogprobs) {
+  // Greedy: the argmax 3 banned (-100) gives the runner-up 0; +100 on 4 forces 4.
+  Sampler s;
+  SamplingState banned(make({.temperature = 0.0f, .logit_bias = {{3, -100.0f}}, .logprobs = 2}),
+                       {}, {});
+  SampleResult r = s.sample(banned, kLogits);
+  EXPECT_EQ(r.token, 0);
+  // Logprobs stay vLLM's raw_logprobs: the unbiased distribution, in which 3 is best.
+  EXPECT_NEAR(r.logprob, log_prob(kLogits, 0), 1e-5);
+  EXPECT_EQ(r.rank, 2);
+  ASSERT_EQ(r.top_logprobs.size(), 2u);
+  EXPECT_EQ(r.top_logprobs[0].id, 3);
+  SamplingState boosted(make({.temperature = 0.0f, .logit_bias = {{4, 100.0f}}}), {}, {});
+  EXPECT_EQ(s.sample(boosted, kLogits).token, 4);
+  // Sampling at temperature 1: a banned token never comes, a boosted one always does.
+  const std::vector<float> flat = logits_of({0.25, 0.25, 0.25, 0.25});
+  std::map<int32_t, int> h = histogram({.logit_bias = {{2, -100.0f}}, .seed = 3}, flat, 2000);
+  EXPECT_EQ(h.count(2), 0u);
+  EXPECT_EQ(h.size(), 3u);
+  h = histogram({.logit_bias = {{1, 100.0f}}, .seed = 3}, flat, 500);
+  EXPECT_EQ(h[1], 500);
+  // A moderate bias shifts the odds as exp(bias) does: +log(3) on id 0 of four equal ids
+  // gives it 3 / 6 of the mass.
+  h = histogram({.logit_bias = {{0, static_cast<float>(std::log(3.0))}}, .seed = 5}, flat, 20000);
+  EXPECT_NEAR(h[0] / 20000.0, 0.5, 0.015);
+}
+
 TEST(MinTokensTest, StopIdsMaskedUntilReached) {
   // eos (5) and a stop_token_id (3) have the best logits; greedy must avoid both for
   // the first min_tokens tokens and may pick them afterwards.
@@ -420,6 +464,18 @@ TEST(SamplerConstraintTest, OnlyAllowedIdsAndStopWhenComplete) {
   EXPECT_EQ(state.accept(r.token), FinishReason::kStop);
   EXPECT_EQ(c->n_accepted, 3);  // stop ids do not advance the constraint
   EXPECT_FALSE(state.constraint_broken());
+}
+
+TEST(SamplerConstraintTest, BiasCannotReviveADisallowedId) {
+  // The constraint allows 5 and 6; +100 on the disallowed 9 changes nothing, while a
+  // bias between the allowed ids decides among them.
+  std::vector<float> logits(64, 0.0f);
+  logits[5] = 2.0f;
+  SamplingState state(make({.temperature = 0.0f, .logit_bias = {{9, 100.0f}, {6, 5.0f}}}), {},
+                      {});
+  state.set_constraint(std::make_unique<FixedConstraint>(std::vector<int32_t>{5, 6}, 0));
+  Sampler sampler;
+  EXPECT_EQ(sampler.sample(state, logits).token, 6);
 }
 
 TEST(SamplerConstraintTest, MinTokensHoldsStopIdsBackUnlessNothingElseIsAllowed) {

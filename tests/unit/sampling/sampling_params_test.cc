@@ -44,6 +44,10 @@ TEST(SamplingParamsTest, RejectsOutOfRange) {
   expect_rejected({.min_tokens = -1}, "min_tokens");
   expect_rejected({.logprobs = -1}, "logprobs");
   expect_rejected({.logprobs = kMaxLogprobs + 1}, "logprobs");
+  expect_rejected({.logit_bias = {{5, 100.5f}}}, "logit_bias values");
+  expect_rejected({.logit_bias = {{5, -101.0f}}}, "logit_bias values");
+  expect_rejected({.logit_bias = {{5, std::numeric_limits<float>::quiet_NaN()}}}, "logit_bias");
+  expect_rejected({.logit_bias = {{-1, 1.0f}}}, "logit_bias keys");
 }
 
 TEST(SamplingParamsTest, AcceptsBoundaries) {
@@ -57,6 +61,7 @@ TEST(SamplingParamsTest, AcceptsBoundaries) {
                                     {.repetition_penalty = 0.5f},
                                     {.frequency_penalty = -2.0f, .presence_penalty = 2.0f},
                                     {.max_tokens = 3, .min_tokens = 3},
+                                    {.logit_bias = {{0, -100.0f}, {7, 100.0f}}},
                                     {.logprobs = 0},
                                     {.logprobs = kMaxLogprobs}}) {
     EXPECT_TRUE(SamplingParams::create(o).ok());
