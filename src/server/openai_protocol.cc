@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 
 namespace dserve::server {
@@ -93,11 +94,43 @@ class FieldReader {
   std::optional<ApiError> error_;
 };
 
+// OpenAI's logit_bias: {"token id": bias}, the id a decimal integer (the vocabulary
+// bound is the serving layer's check), the bias a number in [-100, 100].
+void read_logit_bias(FieldReader& f, std::map<int32_t, float>* out) {
+  const json* bias = f.get("logit_bias");
+  if (!bias) return;
+  if (!bias->is_object()) {
+    return f.fail("logit_bias must be an object mapping token ids to biases", "logit_bias");
+  }
+  for (auto it = bias->begin(); it != bias->end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = 0;
+    bool digits = !key.empty() && key.size() <= 10;
+    for (char c : key) {
+      digits = digits && c >= '0' && c <= '9';
+      if (digits) id = id * 10 + (c - '0');
+    }
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return f.fail("logit_bias keys must be token ids (non-negative integers as strings), got \"" +
+                        key + "\"",
+                    "logit_bias");
+    }
+    const json& v = it.value();
+    if (!v.is_number() || !(std::abs(v.get<double>()) <= kMaxLogitBias)) {
+      return f.fail("logit_bias values must be numbers between -100 and 100, got " + v.dump() +
+                        " for token " + key,
+                    "logit_bias");
+    }
+    (*out)[static_cast<int32_t>(id)] = v.get<float>();
+  }
+}
+
 const std::set<std::string> kCommonFields = {
     "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
     "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed", "top_k", "min_p",
     "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-    "include_stop_str_in_output", "skip_special_tokens", "add_special_tokens", "logprobs"};
+    "include_stop_str_in_output", "skip_special_tokens", "add_special_tokens", "logprobs",
+    "prompt_logprobs"};
 
 // The fields both endpoints share, into `r`.
 void read_common(FieldReader& f, const json& body, GenerationRequest& r) {
@@ -172,8 +205,17 @@ void read_common(FieldReader& f, const json& body, GenerationRequest& r) {
       s.stop_token_ids.push_back(x.get<int32_t>());
     }
   }
-  if (const json* bias = f.get("logit_bias"); bias && !bias->empty()) {
-    f.fail("logit_bias is not supported", "logit_bias", "unsupported");
+  read_logit_bias(f, &s.logit_bias);
+  f.integer("prompt_logprobs", &s.prompt_logprobs);
+  if (f.ok() && s.prompt_logprobs) {
+    if (*s.prompt_logprobs < 0 || *s.prompt_logprobs > kMaxLogprobs) {
+      f.fail("prompt_logprobs must be between 0 and " + std::to_string(kMaxLogprobs) + ", got " +
+                 std::to_string(*s.prompt_logprobs),
+             "prompt_logprobs");
+    } else if (r.stream) {
+      // vLLM refuses it too: the scores would have no place in the chunks.
+      f.fail("prompt_logprobs is not available when stream=true", "prompt_logprobs");
+    }
   }
   (void)body;
 }

@@ -50,7 +50,12 @@ struct OpenAiServing::Job {
   bool continuous_usage = false;  // include_usage + continuous_usage_stats
   bool logprobs = false;
   int n_per_prompt = 1;
-  std::vector<std::vector<int32_t>> prompt_ids;  // per prompt (echo + logprobs)
+  // Completions with echo + logprobs: the prompt's scores lead each choice's logprobs.
+  bool echo_logprobs = false;
+  std::vector<std::vector<int32_t>> prompt_ids;  // per prompt, with echo_logprobs
+  // Per prompt when the request asked for prompt_logprobs: vLLM's list, a null for the
+  // first token, then {"id": {logprob, rank, decoded_token}} per later token.
+  std::vector<json> prompt_logprobs;
 
   struct Choice {
     std::string text;  // everything returned so far (with the echoed prompt)
@@ -157,7 +162,7 @@ struct OpenAiServing::Job {
 
   // Completions with echo + logprobs: the prompt's tokens lead every choice of that
   // prompt, the first with a null logprob (nothing precedes it).
-  void add_prompt_logprobs(const OutputDelta& d) {
+  void add_echo_logprobs(const OutputDelta& d) {
     const size_t group = static_cast<size_t>(d.index) / n_per_prompt;
     if (group >= prompt_ids.size()) return;
     const std::vector<int32_t>& ids = prompt_ids[group];
@@ -181,12 +186,38 @@ struct OpenAiServing::Job {
     }
   }
 
+  // vLLM's prompt_logprobs entries for the prompt of delta d (its first): per position
+  // the actual token with its rank, then the best alternatives ranked 1.. (the actual
+  // token, when among them, keeps its place and takes the alternative's rank, as
+  // vLLM's dict does).
+  void add_prompt_logprobs(const OutputDelta& d) {
+    const size_t group = static_cast<size_t>(d.index) / n_per_prompt;
+    if (group >= prompt_logprobs.size()) return;
+    json& list = prompt_logprobs[group];
+    for (const SampleResult& r : d.prompt_logprobs) {
+      json position = json::object();
+      auto add = [&](int32_t id, float logprob, int32_t rank) {
+        position[std::to_string(id)] = {{"logprob", finite_logprob(logprob)},
+                                        {"rank", rank},
+                                        {"decoded_token", token_text(id)}};
+      };
+      add(r.token, r.logprob, r.rank);
+      for (size_t k = 0; k < r.top_logprobs.size(); ++k) {
+        add(r.top_logprobs[k].id, r.top_logprobs[k].logprob, static_cast<int32_t>(k + 1));
+      }
+      list.push_back(std::move(position));
+    }
+  }
+
   // Applies one delta; with `events`, appends the SSE chunks it gives.
   void apply(OutputDelta& d, std::string* events) {
     if (d.index < 0 || static_cast<size_t>(d.index) >= choices.size()) return;
     Choice& c = choices[d.index];
     if (c.finish_reason) return;
-    if (!d.prompt_logprobs.empty() && !chat) add_prompt_logprobs(d);
+    if (!d.prompt_logprobs.empty()) {
+      if (echo_logprobs) add_echo_logprobs(d);
+      add_prompt_logprobs(d);
+    }
     c.n_tokens += static_cast<int>(d.token_ids.size());
     json lp = logprobs && !d.logprobs.empty() ? add_logprobs(c, d) : json(nullptr);
     std::string reasoning_piece, content_piece = d.text;
@@ -285,9 +316,14 @@ struct OpenAiServing::Job {
                                       : json(nullptr);
       }
       choice["finish_reason"] = c.finish_reason ? json(*c.finish_reason) : json(nullptr);
+      // vLLM: completions carry each prompt's scores in its choices, chat at the top.
+      if (!chat && !prompt_logprobs.empty()) {
+        choice["prompt_logprobs"] = prompt_logprobs[i / n_per_prompt];
+      }
       cs.push_back(choice);
     }
     out["choices"] = cs;
+    if (chat && !prompt_logprobs.empty()) out["prompt_logprobs"] = prompt_logprobs[0];
     out["usage"] = usage();
     return out;
   }
@@ -389,6 +425,19 @@ Result<std::vector<int32_t>> OpenAiServing::chat_prompt(const json& messages,
 }
 
 namespace {
+// logit_bias keys must be ids of this model's vocabulary (the protocol checked the rest).
+std::optional<ApiError> check_logit_bias(const SamplingOptions& s, int64_t vocab) {
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (id >= vocab) {
+      return ApiError::bad_request("logit_bias token id " + std::to_string(id) +
+                                       " is outside the vocabulary [0, " +
+                                       std::to_string(vocab) + ")",
+                                   "logit_bias");
+    }
+  }
+  return std::nullopt;
+}
+
 // Resolves max_tokens against the context: vLLM's rules and messages.
 std::optional<ApiError> fit_context(int prompt_len, std::optional<int> max_tokens,
                                     int default_max, int max_model_len, int* out) {
@@ -423,8 +472,12 @@ Reply OpenAiServing::completions(const json& body) const {
   CompletionRequest& r = std::get<CompletionRequest>(parsed);
   if (auto e = check_model(r.model)) return Reply::error(*e);
   const Tokenizer* tok = llm_.tokenizer();
-  // echo + logprobs scores the prompt too, as evaluation harnesses use it.
-  if (r.sampling.logprobs && r.echo) r.sampling.prompt_logprobs = r.sampling.logprobs;
+  // echo + logprobs scores the prompt too, as evaluation harnesses use it (with
+  // prompt_logprobs' number of alternatives when also given, as vLLM).
+  if (r.sampling.logprobs && r.echo && !r.sampling.prompt_logprobs) {
+    r.sampling.prompt_logprobs = r.sampling.logprobs;
+  }
+  if (auto e = check_logit_bias(r.sampling, llm_.vocab_size())) return Reply::error(*e);
 
   std::unique_ptr<Job> job = new_job(/*chat=*/false, r);
   job->logprobs = r.sampling.logprobs.has_value();
@@ -455,7 +508,11 @@ Reply OpenAiServing::completions(const json& body) const {
     echoes.push_back(!r.echo ? "" : !p.ids.empty() && tok ? tok->decode(p.ids, false) : p.text);
     prompts.push_back(std::move(ids));
   }
-  if (r.sampling.prompt_logprobs) job->prompt_ids = prompts;
+  job->echo_logprobs = r.echo && r.sampling.logprobs;
+  if (job->echo_logprobs) job->prompt_ids = prompts;
+  if (r.sampling.prompt_logprobs) {
+    job->prompt_logprobs.assign(prompts.size(), json::array({nullptr}));
+  }
   job->choices.resize(prompts.size() * n);
   for (size_t p = 0; p < prompts.size(); ++p) {
     const int first = static_cast<int>(p) * n;
@@ -500,6 +557,7 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   if (auto* e = std::get_if<ApiError>(&parsed)) return Reply::error(*e);
   ChatRequest& r = std::get<ChatRequest>(parsed);
   if (auto e = check_model(r.model)) return Reply::error(*e);
+  if (auto e = check_logit_bias(r.sampling, llm_.vocab_size())) return Reply::error(*e);
   if (r.continue_final_message) {
     return Reply::error(ApiError::bad_request("continue_final_message is not supported yet",
                                               "continue_final_message", "unsupported"));
@@ -546,6 +604,7 @@ Reply OpenAiServing::chat_completions(const json& body) const {
 
   std::unique_ptr<Job> job = new_job(/*chat=*/true, r);
   job->logprobs = r.logprobs;
+  if (r.sampling.prompt_logprobs) job->prompt_logprobs = {json::array({nullptr})};
   job->reasoning = config_.reasoning_deepseek_r1;
   job->tools = !r.tools.is_null();
   job->n_prompt_tokens = static_cast<int64_t>(prompt->size());
