@@ -3,6 +3,7 @@
 For random logits and random token histories, `sampling_tool` (tests/unit/sampling)
 prints Sampler::processed_logits: the distribution dserve draws from, as logits, with
 -inf where a token was filtered out. The reference applies, in vLLM v1's order:
+  * SequenceBiasLogitsProcessor with one-token sequences (OpenAI's logit_bias);
   * RepetitionPenaltyLogitsProcessor over the prompt and output ids (HF and vLLM agree);
   * frequency and presence penalties by OpenAI's definition (transformers has no
     processor for them): logit -= frequency * count + presence * (count > 0), over the
@@ -17,6 +18,7 @@ import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -44,15 +46,37 @@ CASES = [
     dict(temperature=0.9, min_p=0.05, top_k=20, top_p=0.95),
     dict(temperature=0.6, min_p=0.01, top_k=100, top_p=0.7, repetition_penalty=1.1,
          frequency_penalty=0.2, presence_penalty=0.3),
+    # logit_bias ids: "best" stands for the trial's best tokens, "out" for its output
+    # ids (so the bias meets the penalties), numbers for fixed ids.
+    dict(temperature=1.0, logit_bias={"best0": -100.0, "best1": 3.5, 7: 100.0}),
+    dict(temperature=0.8, top_k=40, top_p=0.9, logit_bias={"best0": -2.0, "best3": 1.25}),
+    dict(temperature=1.0, repetition_penalty=1.3, frequency_penalty=0.5,
+         logit_bias={"out0": -1.5, "out1": 4.0, "best2": -0.5}),
 ]
 VOCABS = [257, 5000, 32000]
 N_TRIALS = 4
 
 
-def reference(case, prompt, output, logits):
+def resolve_bias(case, output, logits):
+    """The case's logit_bias with "bestK" / "outK" keys turned into this trial's ids."""
+    best = np.argsort(-logits, kind="stable")
+    ids = {"best": [int(x) for x in best], "out": output}
+    bias = {}
+    for key, value in case.get("logit_bias", {}).items():
+        if isinstance(key, str):
+            kind = key.rstrip("0123456789")
+            key = ids[kind][int(key[len(kind):])]
+        bias[key] = value
+    return bias
+
+
+def reference(case, bias, prompt, output, logits):
     """The processed logits by transformers' processors and OpenAI's penalty formula."""
     ids = torch.tensor([prompt + output], dtype=torch.long)
     scores = torch.tensor(logits, dtype=torch.float32)[None]
+    if bias:
+        sequence_bias = [[[token], value] for token, value in bias.items()]
+        scores = SequenceBiasLogitsProcessor(sequence_bias=sequence_bias)(ids, scores)
     rep = case.get("repetition_penalty", 1.0)
     if rep != 1.0:
         scores = RepetitionPenaltyLogitsProcessor(penalty=rep)(ids, scores)
@@ -92,15 +116,21 @@ def make_trials(case_index, vocab):
 def test_processed_logits_match_transformers(test_tool, case_index, vocab):
     case = CASES[case_index]
     trials = make_trials(case_index, vocab)
-    opts = " ".join(f"{k}={v}" for k, v in case.items())
+    biases = [resolve_bias(case, o, l) for _, o, l in trials]
+
+    def options(bias):
+        kv = [f"{k}={v}" for k, v in case.items() if k != "logit_bias"]
+        if bias:
+            kv.append("logit_bias=" + ",".join(f"{t}:{v!r}" for t, v in bias.items()))
+        return " ".join(kv)
     stdin = "".join(
-        f"{opts}\n{' '.join(map(str, p))}\n{' '.join(map(str, o))}\n"
-        f"{' '.join(repr(float(x)) for x in l)}\n" for p, o, l in trials)
+        f"{options(b)}\n{' '.join(map(str, p))}\n{' '.join(map(str, o))}\n"
+        f"{' '.join(repr(float(x)) for x in l)}\n" for (p, o, l), b in zip(trials, biases))
     lines = run([test_tool("sampling_tool")], input=stdin).stdout.splitlines()
     assert len(lines) == len(trials), lines[:1]
-    for (prompt, output, logits), line in zip(trials, lines):
+    for (prompt, output, logits), bias, line in zip(trials, biases, lines):
         got = np.array([float(x) for x in line.split()], dtype=np.float64)
-        want = reference(case, prompt, output, logits).astype(np.float64)
+        want = reference(case, bias, prompt, output, logits).astype(np.float64)
         kept_got, kept_want = np.isfinite(got), np.isfinite(want)
         assert np.array_equal(kept_got, kept_want), (
             f"{case}: kept {kept_got.sum()} tokens, transformers {kept_want.sum()}; "

@@ -1,11 +1,12 @@
 // sampling_tool: a test-only bridge for tests/reference/test_sampling_reference.py.
 // Reads cases from stdin, four lines each:
 //   key=value ...       SamplingOptions fields (temperature top_k top_p min_p
-//                       repetition_penalty frequency_penalty presence_penalty)
+//                       repetition_penalty frequency_penalty presence_penalty;
+//                       logit_bias=ID:BIAS,ID:BIAS,...)
 //   prompt ids          space-separated, may be empty
 //   output ids          space-separated, may be empty (generated so far)
 //   logits              space-separated floats, the row for the next position
-// and prints, per case, one line: Sampler::processed_logits (penalties, temperature
+// and prints, per case, one line: Sampler::processed_logits (bias, penalties, temperature
 // and filters applied; "-inf" where filtered), or "error: ..." for invalid options.
 #include <cstdio>
 #include <iostream>
@@ -27,6 +28,16 @@ std::vector<T> parse_list(const std::string& line) {
 }
 
 bool set_option(dserve::SamplingOptions* o, const std::string& key, const std::string& value) {
+  if (key == "logit_bias") {
+    std::istringstream in(value);
+    std::string pair;
+    while (std::getline(in, pair, ',')) {
+      const size_t colon = pair.find(':');
+      if (colon == std::string::npos) return false;
+      o->logit_bias[std::stoi(pair.substr(0, colon))] = std::stof(pair.substr(colon + 1));
+    }
+    return true;
+  }
   const float f = std::stof(value);
   if (key == "temperature")
     o->temperature = f;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -29,6 +30,13 @@ TEST(OpenAiProtocol, ValidRequestsParse) {
   EXPECT_EQ(r.sampling.n, 2);
   EXPECT_EQ(r.sampling.stop, std::vector<std::string>{"x"});
   EXPECT_EQ(r.sampling.logprobs, 2);
+  auto biased = parse_completion_request(
+      {{"prompt", "hi"}, {"logit_bias", {{"7", -100}, {"12", 2.5}, {"0", 100}}},
+       {"prompt_logprobs", 0}});
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(biased));
+  const SamplingOptions& bs = std::get<CompletionRequest>(biased).sampling;
+  EXPECT_EQ(bs.logit_bias, (std::map<int32_t, float>{{0, 100.0f}, {7, -100.0f}, {12, 2.5f}}));
+  EXPECT_EQ(bs.prompt_logprobs, 0);
   auto ids = parse_completion_request({{"prompt", {{1, 2}, {3}}}});
   ASSERT_TRUE(std::holds_alternative<CompletionRequest>(ids));
   EXPECT_EQ(std::get<CompletionRequest>(ids).prompts.size(), 2u);
@@ -51,7 +59,8 @@ TEST(OpenAiProtocol, EveryFieldRejectsOrAcceptsEveryValueWithoutCrashing) {
       "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
       "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop", "seed", "logprobs",
       "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty",
-      "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "best_of", "suffix", "tools",
+      "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "prompt_logprobs", "best_of",
+      "suffix", "tools",
       "tool_choice", "response_format", "chat_template_kwargs", "unknown_field",
       "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
       "guided_decoding_backend"};
@@ -127,7 +136,14 @@ TEST(OpenAiProtocol, BadValuesNameTheirField) {
       {{{"prompt", "x"}, {"n", 0}}, "n"},
       {{{"prompt", "x"}, {"n", 100000}}, "n"},
       {{{"prompt", "x"}, {"temperature", "hot"}}, "temperature"},
-      {{{"prompt", "x"}, {"logit_bias", {{"1", 2}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"1", 101}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"1", "2"}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"-1", 2}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"2147483648", 2}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {1, 2}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"prompt_logprobs", 21}}, "prompt_logprobs"},
+      {{{"prompt", "x"}, {"prompt_logprobs", -1}}, "prompt_logprobs"},
+      {{{"prompt", "x"}, {"prompt_logprobs", 1}, {"stream", true}}, "prompt_logprobs"},
       {{{"prompt", "x"}, {"frobnicate", 1}}, "frobnicate"},
       {{{"prompt", json::array()}}, "prompt"},
       {{{"prompt", {1, -5}}}, "prompt"},
