@@ -25,6 +25,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
+COPY cmake cmake
 COPY include include
 COPY src src
 # A compiler cache kept between builds (BuildKit's cache mount; paths made relative to

@@ -56,6 +56,8 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
                                : "";
           },
           "non-empty"));
+  cmd->add_flag("--disable-ui", o->disable_ui,
+                "serve no chat page at / (it is a 404 then; the API is unchanged)");
   cmd->add_option("--served-model-name", o->served_model_name,
                   "model name(s) clients use; the first is reported (default: the model path)");
   cmd->add_option("--max-model-len", o->max_model_len,
@@ -526,6 +528,7 @@ server::HttpServerConfig http_config(const ServeOptions& o, server::AuditLog* au
   hc.host = o.host;
   hc.port = o.port;
   hc.api_key = o.api_key;
+  hc.chat_page = !o.disable_ui;
   hc.limits.max_body_bytes = o.max_body_bytes;
   hc.limits.max_header_bytes = o.max_header_bytes;
   hc.limits.max_header_fields = o.max_header_fields;

@@ -25,6 +25,7 @@ struct ServeOptions {
   std::string host = "0.0.0.0";
   int port = 8000;
   std::string api_key;  // also $DSERVE_API_KEY
+  bool disable_ui = false;  // --disable-ui: no chat page at /
   std::string audit_log;          // --audit-log FILE: one JSON line per request
   std::string log_format = "text";  // --log-format text|json
   std::vector<std::string> served_model_name;

@@ -317,8 +317,13 @@ class ConnectionImpl final : public Connection,
                                   std::string_view(reason.data(), reason.size()));
     for (const auto& [k, v] : r.headers) out += k + ": " + v + "\r\n";
     if (!r.content_type.empty()) out += "Content-Type: " + r.content_type + "\r\n";
-    if (chunked_) out += "Transfer-Encoding: chunked\r\n";
-    else if (!stream) out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+    if (chunked_) {
+      out += "Transfer-Encoding: chunked\r\n";
+    } else if (!stream && r.status != 204 && r.status != 304) {
+      // A 204 or 304 has no body, and no Content-Length that could be read as its size
+      // (RFC 9110 8.6: a 304's would be that of the 200 it stands for).
+      out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+    }
     if (!keep_alive_) out += "Connection: close\r\n";
     else if (req.version < 11) out += "Connection: keep-alive\r\n";
     out += "\r\n";

@@ -12,6 +12,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "base/log_format.h"
 #include "server/api_error.h"
 #include "server/audit_log.h"
+#include "server/chat_page.h"
 #include "server/client_watch.h"
 #include "server/http_connection.h"
 #include "server/http_exchange.h"
@@ -80,6 +82,8 @@ std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+constexpr const char* kChatPagePath = "/";
+
 enum class RouteKind { kGet, kPost, kInference };
 
 struct Route {
@@ -92,7 +96,7 @@ constexpr Route kRoutes[] = {
     {"/tokenize", RouteKind::kPost},            {"/detokenize", RouteKind::kPost},
     {"/v1/models", RouteKind::kGet},            {"/tokenizer_info", RouteKind::kGet},
     {"/health", RouteKind::kGet},               {"/version", RouteKind::kGet},
-    {"/metrics", RouteKind::kGet},
+    {"/metrics", RouteKind::kGet},              {kChatPagePath, RouteKind::kGet},
 };
 
 const Route* find_route(const std::string& path) {
@@ -281,6 +285,10 @@ Status HttpServer::Impl::run() {
     DS_LOG_INFO("serving the OpenAI API on {}://{}:{} ({} I/O threads, up to {} connections)",
                 tls_ ? "https" : "http", config_.host, config_.port, config_.n_io_threads,
                 max_connections_);
+    if (config_.chat_page) {
+      DS_LOG_INFO("chat page: {}://{}:{}/ (--disable-ui turns it off)", tls_ ? "https" : "http",
+                  config_.host, config_.port);
+    }
     std::unique_lock<std::mutex> lock(mu_);
     stop_cv_.wait(lock, [&] { return stop_requested_; });
   }
@@ -419,6 +427,9 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex) {
     }
   }
   const Route* route = find_route(req.path);
+  if (route && std::string_view(route->path) == kChatPagePath && !config_.chat_page) {
+    route = nullptr;  // --disable-ui
+  }
   if (!route) {
     return send_error(*ex, {404, "no route for " + req.method + " " + req.path, "not_found_error",
                             "", ""});
@@ -482,6 +493,11 @@ void HttpServer::Impl::serve_get(HttpExchange& ex) {
     return ex.respond(std::move(r));
   }
   if (path == "/version") return send_json(ex, 200, {{"version", kVersion}});
+  if (path == kChatPagePath) {
+    HttpResponse r = chat_page_response(ex.request);
+    r.headers.emplace_back("X-Request-Id", ex.request_id);
+    return ex.respond(std::move(r));
+  }
   Reply reply = path == "/v1/models" ? serving_.models() : serving_.tokenizer_info();
   send_json(ex, reply.status, reply.body);
 }

@@ -1,6 +1,7 @@
 // HttpServer: dserve's OpenAI-compatible HTTP/1.1 front end, asynchronous on Boost.Asio
 // with Boost.Beast's parser. Routes: POST /v1/completions, /v1/chat/completions,
-// /tokenize, /detokenize; GET /v1/models, /health, /metrics, /version, /tokenizer_info.
+// /tokenize, /detokenize; GET /v1/models, /health, /metrics, /version, /tokenizer_info,
+// and GET / the chat page (chat_page.h) unless chat_page is off (then / is a 404).
 // With an API key, every /v1 route needs `Authorization: Bearer KEY` (compared in
 // constant time) and answers 401 otherwise. Errors of every kind (bad JSON, limits,
 // unknown route: 404, wrong method: 405 with Allow) come back in OpenAI's error shape.
@@ -12,7 +13,7 @@
 // Threads. `n_io_threads` threads run every connection (http_connection.h): accepting,
 // reading and parsing under deadlines and limits, writing; an idle or slow connection
 // holds no thread. The cheap GET routes (/health, /metrics, /version, /v1/models,
-// /tokenizer_info) are answered right there, so probes and scrapers never wait behind
+// /tokenizer_info, /) are answered right there, so probes and scrapers never wait behind
 // inference. A POST runs on a WorkerPool thread, because what it calls blocks (chat
 // template, tokenizer, EngineClient::add_request, then EventStream::next or the whole
 // non-streamed generation): one thread per POST being served, made on demand and kept
@@ -52,6 +53,7 @@ struct HttpServerConfig {
   std::string host = "0.0.0.0";
   int port = 8000;
   std::string api_key;                       // empty: no authentication
+  bool chat_page = true;                     // GET / serves the chat page
   HttpLimits limits;                         // header size/fields, body bytes
   int n_io_threads = 2;
   int max_connections = 4096;

@@ -23,8 +23,8 @@ transformers = pytest.importorskip("transformers")
 SCRIPT = ["Let", " me", " think", "</think>", "\n\n", "The", " answer", " is", " four"]
 
 
-@pytest.fixture(scope="module")
-def r1_model():
+def r1_checkpoint():
+    """The scripted R1 checkpoint's directory (built once, then cached)."""
     tok_dir = deepseek_dir(cache_dir(), "deepseek-r1")
     tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
     eos = tok.convert_tokens_to_ids("<｜end▁of▁sentence｜>")
@@ -32,6 +32,11 @@ def r1_model():
                                      add_generation_prompt=True, return_dict=False)
     chain = [prompt[-1]] + [scripted_model.token_id(tok, p) for p in SCRIPT] + [eos]
     return scripted_model.scripted_deepseek("r1-scripted", tok_dir, tok, prompt, chain)
+
+
+@pytest.fixture(scope="module")
+def r1_model():
+    return r1_checkpoint()
 
 
 @pytest.fixture(scope="module")
