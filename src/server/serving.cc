@@ -58,6 +58,7 @@ struct OpenAiServing::Job {
     ReasoningParser reasoning;
     std::unique_ptr<ToolOutput> tools;  // null unless the request's tool_choice may call
     int n_tokens = 0;
+    int n_reasoning_tokens = 0;  // of n_tokens, those before </think>
     json logprob_entries = json::array();  // chat: content[]; completions: built at the end
     json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
          text_offset = json::array();
@@ -141,11 +142,16 @@ struct OpenAiServing::Job {
   }
 
   json usage() const {
-    int64_t completion = 0;
-    for (const Choice& c : choices) completion += c.n_tokens;
-    return {{"prompt_tokens", n_prompt_tokens},
-            {"completion_tokens", completion},
-            {"total_tokens", n_prompt_tokens + completion}};
+    int64_t completion = 0, reasoning_tokens = 0;
+    for (const Choice& c : choices) {
+      completion += c.n_tokens;
+      reasoning_tokens += c.n_reasoning_tokens;
+    }
+    json u = {{"prompt_tokens", n_prompt_tokens},
+              {"completion_tokens", completion},
+              {"total_tokens", n_prompt_tokens + completion}};
+    if (reasoning) u["completion_tokens_details"] = {{"reasoning_tokens", reasoning_tokens}};
+    return u;
   }
 
   json chunk_base() const {
@@ -197,6 +203,8 @@ struct OpenAiServing::Job {
         r.reasoning += f.reasoning;
         r.content += f.content;
       }
+      // As vLLM counts them: the tokens before </think>, not the tag's own.
+      if (c.reasoning.in_reasoning()) c.n_reasoning_tokens += static_cast<int>(d.token_ids.size());
       reasoning_piece = std::move(r.reasoning);
       content_piece = std::move(r.content);
       c.reasoning_text += reasoning_piece;

@@ -7,7 +7,8 @@ the real engine, detokenizer and server:
     "Let me think</think>\\n\\nThe answer is four" + end of sentence.
 transformers' own greedy generate on the same checkpoint is the reference for the
 token sequence; the split must put "Let me think" in reasoning_content and the rest
-in content, streamed and not.
+in content, streamed and not. reasoning_tokens counts the tokens before </think>, as
+vLLM's BaseThinkingReasoningParser.count_reasoning_tokens does.
 """
 import openai
 import pytest
@@ -46,6 +47,7 @@ def client(dserve_bin, r1_model, tmp_path_factory):
 MESSAGES = [{"role": "user", "content": "2+2?"}]
 WANT_REASONING = "Let me think"
 WANT_CONTENT = "\n\nThe answer is four"
+N_REASONING_TOKENS = SCRIPT.index("</think>")
 
 
 def test_reasoning_split(client):
@@ -57,6 +59,7 @@ def test_reasoning_split(client):
     assert r.choices[0].finish_reason == "stop"
     # The end-of-sentence id that ended the request counts, as in vLLM.
     assert r.usage.completion_tokens == len(SCRIPT) + 1
+    assert r.usage.completion_tokens_details.reasoning_tokens == N_REASONING_TOKENS
 
 
 def test_reasoning_split_streamed(client):
@@ -78,3 +81,9 @@ def test_unfinished_reasoning_is_all_reasoning(client):
     assert r.choices[0].message.reasoning_content == "Let me"
     assert r.choices[0].message.content is None
     assert r.choices[0].finish_reason == "length"
+
+
+def test_unfinished_reasoning_counts_every_token(client):
+    r = client.chat.completions.create(model="r1-tiny", messages=MESSAGES, max_tokens=2,
+                                       temperature=0)
+    assert r.usage.completion_tokens_details.reasoning_tokens == 2
