@@ -8,6 +8,8 @@
 #include "server/openai_protocol.h"
 #include "server/random_id.h"
 #include "server/reasoning_parser.h"
+#include "server/responses_output.h"
+#include "server/responses_protocol.h"
 #include "grammar/structured_output.h"
 #include "server/tool_output.h"
 #include "tokenizer/tokenizer.h"
@@ -581,6 +583,21 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   job->n_unfinished = n;
   if (r.stream) return {200, nullptr, std::make_shared<Stream>(std::move(job))};
   return run_to_completion(*job);
+}
+
+Reply OpenAiServing::responses(const json& body) const {
+  Parsed<ResponsesRequest> parsed = parse_responses_request(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return Reply::error(*e);
+  ResponsesRequest& r = std::get<ResponsesRequest>(parsed);
+  Reply chat = chat_completions(r.chat_body);
+  if (chat.status != 200) return {chat.status, responses_error_body(std::move(chat.body)), nullptr};
+  auto builder = std::make_unique<ResponseBuilder>(std::move(r.echo), model_name());
+  if (chat.stream) {
+    return {200, nullptr, responses_event_stream(std::move(chat.stream), std::move(builder))};
+  }
+  builder->add_chat_completion(chat.body);
+  builder->finish();
+  return {200, builder->response(), nullptr};
 }
 
 Reply OpenAiServing::models() const {
