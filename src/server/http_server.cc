@@ -93,6 +93,7 @@ struct Route {
 
 constexpr Route kRoutes[] = {
     {"/v1/completions", RouteKind::kInference}, {"/v1/chat/completions", RouteKind::kInference},
+    {"/v1/responses", RouteKind::kInference},
     {"/tokenize", RouteKind::kPost},            {"/detokenize", RouteKind::kPost},
     {"/v1/models", RouteKind::kGet},            {"/tokenizer_info", RouteKind::kGet},
     {"/health", RouteKind::kGet},               {"/version", RouteKind::kGet},
@@ -519,6 +520,7 @@ void HttpServer::Impl::serve_post(HttpExchange& ex) {
     const std::string& path = ex.request.path;
     Reply reply = path == "/v1/completions"        ? serving_.completions(body)
                   : path == "/v1/chat/completions" ? serving_.chat_completions(body)
+                  : path == "/v1/responses"        ? serving_.responses(body)
                   : path == "/tokenize"            ? serving_.tokenize(body)
                                                    : serving_.detokenize(body);
     if (!reply.stream) {
@@ -582,6 +584,9 @@ void HttpServer::Impl::log_done(HttpExchange& ex, int status, bool completed) {
   if (ex.usage.is_object() && ex.usage.contains("prompt_tokens")) {
     r.prompt_tokens = ex.usage["prompt_tokens"].get<int64_t>();
     r.completion_tokens = ex.usage.value("completion_tokens", int64_t{0});
+  } else if (ex.usage.is_object() && ex.usage.contains("input_tokens")) {  // /v1/responses
+    r.prompt_tokens = ex.usage["input_tokens"].get<int64_t>();
+    r.completion_tokens = ex.usage.value("output_tokens", int64_t{0});
   }
   r.status = status;
   r.latency_ms = latency_ms;

@@ -1,98 +1,18 @@
 #include "server/openai_protocol.h"
 
-#include "server/structured_output_request.h"
-
 #include <cmath>
 #include <limits>
 #include <map>
 #include <set>
+
+#include "server/field_reader.h"
+#include "server/structured_output_request.h"
 
 namespace dserve::server {
 
 using json = nlohmann::ordered_json;
 
 namespace {
-
-// Reads optional fields of one JSON object; the first problem is kept in error().
-// A JSON null means "not given", as the OpenAI SDK sends it.
-class FieldReader {
- public:
-  explicit FieldReader(const json& body) : body_(body) {}
-
-  bool ok() const { return !error_; }
-  const ApiError& error() const { return *error_; }
-  void fail(std::string message, std::string param, std::string code = "") {
-    if (!error_) error_ = ApiError::bad_request(std::move(message), std::move(param), std::move(code));
-  }
-
-  const json* get(const char* name) const {
-    auto it = body_.find(name);
-    if (it == body_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  void number(const char* name, float* out) {
-    const json* v = get(name);
-    if (!v) return;
-    if (!v->is_number()) return fail(std::string(name) + " must be a number", name);
-    const double d = v->get<double>();
-    if (!std::isfinite(d)) return fail(std::string(name) + " must be finite", name);
-    *out = static_cast<float>(d);
-  }
-  template <typename Int>
-  void integer(const char* name, Int* out) {
-    const json* v = get(name);
-    if (!v) return;
-    // 3.0 is accepted as 3 (Python clients may send floats); 3.5 is not.
-    if (v->is_number_float()) {
-      const double d = v->get<double>();
-      if (d != std::floor(d)) return fail(std::string(name) + " must be an integer", name);
-    } else if (!v->is_number_integer()) {
-      return fail(std::string(name) + " must be an integer", name);
-    }
-    const double d = v->get<double>();
-    if (d < static_cast<double>(std::numeric_limits<Int>::min()) ||
-        d > static_cast<double>(std::numeric_limits<Int>::max())) {
-      return fail(std::string(name) + " is out of range", name);
-    }
-    *out = v->is_number_unsigned() ? static_cast<Int>(v->get<uint64_t>())
-           : v->is_number_integer() ? static_cast<Int>(v->get<int64_t>())
-                                    : static_cast<Int>(d);
-  }
-  template <typename Int>
-  void integer(const char* name, std::optional<Int>* out) {
-    if (!get(name)) return;
-    Int v{};
-    integer(name, &v);
-    if (ok()) *out = v;
-  }
-  void boolean(const char* name, bool* out) {
-    const json* v = get(name);
-    if (!v) return;
-    if (!v->is_boolean()) return fail(std::string(name) + " must be a boolean", name);
-    *out = v->get<bool>();
-  }
-  void string(const char* name, std::string* out) {
-    const json* v = get(name);
-    if (!v) return;
-    if (!v->is_string()) return fail(std::string(name) + " must be a string", name);
-    *out = v->get<std::string>();
-  }
-
-  // Rejects every field not in `known`, as OpenAI does.
-  void only(const std::set<std::string>& known) {
-    for (auto it = body_.begin(); it != body_.end(); ++it) {
-      if (known.count(it.key()) == 0) {
-        return fail("Unrecognized request argument supplied: " + it.key(), it.key(),
-                    "unknown_parameter");
-      }
-    }
-  }
-
- private:
-  const json& body_;
-  std::optional<ApiError> error_;
-};
 
 // OpenAI's logit_bias: {"token id": bias}, the id a decimal integer (the vocabulary
 // bound is the serving layer's check), the bias a number in [-100, 100].

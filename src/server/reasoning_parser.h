@@ -33,6 +33,9 @@ class ReasoningParser {
   // At the end of the output: whatever was held back.
   Delta flush();
 
+  // Whether text added now would still be reasoning (</think> not yet seen).
+  bool in_reasoning() const { return !in_content_; }
+
   // A whole output at once (non-streamed responses).
   static Delta split(std::string_view text);
   // Whether a prompt ending with `prompt_tail` closed the reasoning already: its last

@@ -8,6 +8,8 @@
 #include "server/openai_protocol.h"
 #include "server/random_id.h"
 #include "server/reasoning_parser.h"
+#include "server/responses_output.h"
+#include "server/responses_protocol.h"
 #include "grammar/structured_output.h"
 #include "server/tool_output.h"
 #include "tokenizer/tokenizer.h"
@@ -63,6 +65,7 @@ struct OpenAiServing::Job {
     ReasoningParser reasoning;
     std::unique_ptr<ToolOutput> tools;  // null unless the request's tool_choice may call
     int n_tokens = 0;
+    int n_reasoning_tokens = 0;  // of n_tokens, those before </think>
     json logprob_entries = json::array();  // chat: content[]; completions: built at the end
     json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
          text_offset = json::array();
@@ -146,11 +149,16 @@ struct OpenAiServing::Job {
   }
 
   json usage() const {
-    int64_t completion = 0;
-    for (const Choice& c : choices) completion += c.n_tokens;
-    return {{"prompt_tokens", n_prompt_tokens},
-            {"completion_tokens", completion},
-            {"total_tokens", n_prompt_tokens + completion}};
+    int64_t completion = 0, reasoning_tokens = 0;
+    for (const Choice& c : choices) {
+      completion += c.n_tokens;
+      reasoning_tokens += c.n_reasoning_tokens;
+    }
+    json u = {{"prompt_tokens", n_prompt_tokens},
+              {"completion_tokens", completion},
+              {"total_tokens", n_prompt_tokens + completion}};
+    if (reasoning) u["completion_tokens_details"] = {{"reasoning_tokens", reasoning_tokens}};
+    return u;
   }
 
   json chunk_base() const {
@@ -228,6 +236,8 @@ struct OpenAiServing::Job {
         r.reasoning += f.reasoning;
         r.content += f.content;
       }
+      // As vLLM counts them: the tokens before </think>, not the tag's own.
+      if (c.reasoning.in_reasoning()) c.n_reasoning_tokens += static_cast<int>(d.token_ids.size());
       reasoning_piece = std::move(r.reasoning);
       content_piece = std::move(r.content);
       c.reasoning_text += reasoning_piece;
@@ -632,6 +642,21 @@ Reply OpenAiServing::chat_completions(const json& body) const {
   job->n_unfinished = n;
   if (r.stream) return {200, nullptr, std::make_shared<Stream>(std::move(job))};
   return run_to_completion(*job);
+}
+
+Reply OpenAiServing::responses(const json& body) const {
+  Parsed<ResponsesRequest> parsed = parse_responses_request(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return Reply::error(*e);
+  ResponsesRequest& r = std::get<ResponsesRequest>(parsed);
+  Reply chat = chat_completions(r.chat_body);
+  if (chat.status != 200) return {chat.status, responses_error_body(std::move(chat.body)), nullptr};
+  auto builder = std::make_unique<ResponseBuilder>(std::move(r.echo), model_name());
+  if (chat.stream) {
+    return {200, nullptr, responses_event_stream(std::move(chat.stream), std::move(builder))};
+  }
+  builder->add_chat_completion(chat.body);
+  builder->finish();
+  return {200, builder->response(), nullptr};
 }
 
 Reply OpenAiServing::models() const {

@@ -79,6 +79,9 @@ class OpenAiServing {
 
   Reply completions(const nlohmann::ordered_json& body) const;
   Reply chat_completions(const nlohmann::ordered_json& body) const;
+  // OpenAI's Responses API, served as the chat request it maps onto
+  // (responses_protocol.h).
+  Reply responses(const nlohmann::ordered_json& body) const;
   Reply models() const;
   Reply tokenize(const nlohmann::ordered_json& body) const;
   Reply detokenize(const nlohmann::ordered_json& body) const;

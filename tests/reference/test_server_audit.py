@@ -46,6 +46,10 @@ def run(dserve_bin, default_model, tmp_path_factory):
             "chat": ("/v1/chat/completions", {"model": "smollm2", "max_tokens": 5,
                                               "messages": [{"role": "user",
                                                             "content": "Hi \u00e9\u4e16"}]}),
+            "responses": ("/v1/responses", {"model": "smollm2", "input": "Hi",
+                                            "max_output_tokens": 5}),
+            "responses-stream": ("/v1/responses", {"model": "smollm2", "input": "Hi",
+                                                   "max_output_tokens": 4, "stream": True}),
             "bad": ("/v1/completions", {"model": "smollm2", "prompt": "x", "max_tokens": -1}),
         }
         for rid, (path, body) in bodies.items():
@@ -77,6 +81,7 @@ def test_audit_hashes_match_the_bytes_sent_and_received(run):
         assert a["client"].startswith("127.0.0.1:") and a["latency_ms"] >= 0
         assert a["time"].endswith("Z")
     assert sent["completion"][2] == sent["stream"][2] == sent["chat"][2] == 200
+    assert sent["responses"][2] == sent["responses-stream"][2] == 200
     assert sent["bad"][2] == 400 and sent["wrong-key"][2] == 401
 
 
@@ -91,6 +96,15 @@ def test_audit_token_counts_are_the_usage_returned(run):
               if e.startswith("data: {")]
     usage = json.loads(events[-1])["usage"]
     assert by_id["stream"]["completion_tokens"] == usage["completion_tokens"] == 6
+    # The Responses API names them input and output tokens, streamed in the last event.
+    usage = json.loads(sent["responses"][3])["usage"]
+    assert by_id["responses"]["prompt_tokens"] == usage["input_tokens"]
+    assert by_id["responses"]["completion_tokens"] == usage["output_tokens"]
+    events = [e.split("\ndata: ", 1)[1] for e in sent["responses-stream"][3].decode().split("\n\n")
+              if e.startswith("event: ")]
+    usage = json.loads(events[-1])["response"]["usage"]
+    assert by_id["responses-stream"]["prompt_tokens"] == usage["input_tokens"]
+    assert by_id["responses-stream"]["completion_tokens"] == usage["output_tokens"] == 4
     assert by_id["bad"]["prompt_tokens"] is None
 
 
