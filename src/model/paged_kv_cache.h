@@ -6,7 +6,7 @@
 // belong to whom is the KvCacheManager's business; this class only holds the tensors,
 // which the Backend's kv_store / paged_attention read and write with dtype().
 //
-// Memory comes from alloc_huge() (2 MiB aligned, transparent huge pages advised).
+// Memory is one buffer of the Backend's (backend.h); block copies are backend copies.
 //
 // Thread-safety: not thread-safe; owned by the engine thread.
 #pragma once
@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/model_batch.h"
 
@@ -22,8 +23,8 @@ namespace dserve {
 class PagedKvCache final : public PagedCache {
  public:
   // n_blocks >= 1, block_size >= 1, dtype F32 or F16 (checked).
-  PagedKvCache(const ModelConfig& config, int n_blocks, int block_size, DType dtype);
-  ~PagedKvCache() override;
+  PagedKvCache(Backend& backend, const ModelConfig& config, int n_blocks, int block_size,
+               DType dtype);
   PagedKvCache(const PagedKvCache&) = delete;
   PagedKvCache& operator=(const PagedKvCache&) = delete;
 
@@ -42,13 +43,14 @@ class PagedKvCache final : public PagedCache {
   void copy_block(int src, int dst, int n_tokens) override;
 
   int64_t kv_dim() const { return kv_dim_; }
-  // [n_slots, kv_dim] elements of dtype()
-  void* k(int layer) { return data_ + layer_offset(layer); }
-  void* v(int layer) { return data_ + layer_offset(layer) + n_slots() * row_bytes(); }
+  // [n_slots, kv_dim] elements of dtype(), in backend memory
+  void* k(int layer) { return data() + layer_offset(layer); }
+  void* v(int layer) { return data() + layer_offset(layer) + n_slots() * row_bytes(); }
 
  private:
   int64_t n_slots() const { return int64_t{n_blocks_} * block_size_; }
   int64_t row_bytes() const { return kv_dim_ * static_cast<int64_t>(kv_elem_bytes(dtype_)); }
+  char* data() { return storage_.as<char>(); }
   int64_t layer_offset(int layer) const { return int64_t{layer} * 2 * n_slots() * row_bytes(); }
 
   int n_layers_;
@@ -57,7 +59,8 @@ class PagedKvCache final : public PagedCache {
   int block_size_;
   DType dtype_;
   size_t bytes_;
-  char* data_;
+  Backend& backend_;
+  BackendBuffer storage_;
 };
 
 }  // namespace dserve
