@@ -7,13 +7,15 @@
 // For DeepSeek-V3 that is 512 + 64 = 576 floats per token and layer, against
 // 2 x 128 heads x 192 for the expanded keys and values.
 //
-// Memory is one buffer of the Backend's (backend.h), which alone reads and writes it.
+// Memory is the Backend's (backend.h), which alone reads and writes it: one buffer
+// (MlaKvCache), or one per layer (PagedMlaCache).
 //
 // Thread-safety: not thread-safe; owned by whoever drives the sequence.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/deepseek_config.h"
@@ -80,9 +82,7 @@ class PagedMlaCache final : public PagedCache {
 
   int row_dim() const { return row_dim_; }
   // [n_slots, row_dim] elements of dtype()
-  void* latent(int layer) {
-    return storage_.as<char>() + static_cast<int64_t>(layer) * n_slots() * row_bytes();
-  }
+  void* latent(int layer) { return layers_[layer].data(); }
 
  private:
   int64_t n_slots() const { return int64_t{n_blocks_} * block_size_; }
@@ -95,7 +95,7 @@ class PagedMlaCache final : public PagedCache {
   DType dtype_;
   size_t bytes_;
   Backend& backend_;
-  BackendBuffer storage_;
+  std::vector<BackendBuffer> layers_;  // [n_layers], one buffer each (see PagedKvCache)
 };
 
 }  // namespace dserve

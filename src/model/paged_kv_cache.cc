@@ -17,11 +17,11 @@ PagedKvCache::PagedKvCache(Backend& backend, const ModelConfig& config, int n_bl
   DS_CHECK(n_blocks > 0 && block_size > 0);
   DS_CHECK_MSG(is_kv_cache_dtype(dtype), "paged KV cache: dtype must be f32 or f16");
   bytes_ = static_cast<size_t>(n_layers_) * 2 * n_slots() * row_bytes();
-  storage_ = backend_.alloc(bytes_);
+  for (int l = 0; l < n_layers_; ++l) layers_.push_back(backend_.alloc(bytes_ / n_layers_));
   // Touch every page now, at start-up, as a GPU engine's cache is resident from the
   // start: otherwise the kernel zeroes pages inside engine steps as blocks are first
   // used (~8% of a 32-request decode step, measured with perf).
-  backend_.fill_zero(storage_.data(), bytes_);
+  for (BackendBuffer& b : layers_) backend_.fill_zero(b.data(), b.bytes());
 }
 
 void PagedKvCache::copy_block(int src, int dst, int n_tokens) {

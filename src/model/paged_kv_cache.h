@@ -6,13 +6,15 @@
 // belong to whom is the KvCacheManager's business; this class only holds the tensors,
 // which the Backend's kv_store / paged_attention read and write with dtype().
 //
-// Memory is one buffer of the Backend's (backend.h); block copies are backend copies.
+// Memory is one buffer of the Backend's (backend.h) per layer, so that an operation on
+// one layer's pool hands the backend only that layer; block copies are backend copies.
 //
 // Thread-safety: not thread-safe; owned by the engine thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/config.h"
@@ -44,13 +46,12 @@ class PagedKvCache final : public PagedCache {
 
   int64_t kv_dim() const { return kv_dim_; }
   // [n_slots, kv_dim] elements of dtype(), in backend memory
-  void* k(int layer) { return data() + layer_offset(layer); }
-  void* v(int layer) { return data() + layer_offset(layer) + n_slots() * row_bytes(); }
+  void* k(int layer) { return layers_[layer].as<char>(); }
+  void* v(int layer) { return layers_[layer].as<char>() + n_slots() * row_bytes(); }
 
  private:
   int64_t n_slots() const { return int64_t{n_blocks_} * block_size_; }
   int64_t row_bytes() const { return kv_dim_ * static_cast<int64_t>(kv_elem_bytes(dtype_)); }
-  char* data() { return storage_.as<char>(); }
   int64_t layer_offset(int layer) const { return int64_t{layer} * 2 * n_slots() * row_bytes(); }
 
   int n_layers_;
@@ -60,7 +61,7 @@ class PagedKvCache final : public PagedCache {
   DType dtype_;
   size_t bytes_;
   Backend& backend_;
-  BackendBuffer storage_;
+  std::vector<BackendBuffer> layers_;  // [n_layers]: k [n_slots, kv_dim], then v
 };
 
 }  // namespace dserve

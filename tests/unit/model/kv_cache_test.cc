@@ -21,7 +21,7 @@ TEST(KvCacheTest, StoresRowsAtPositionsPerLayer) {
   KvCache kv(*backend, c, 16);
   EXPECT_EQ(kv.capacity(), 16);
   EXPECT_EQ(kv.bytes_per_token(), 2u * 2 * 8 * sizeof(float));
-  backend->fill_zero(kv.k(0), kv.total_bytes());
+  backend->fill_zero(kv.k(0), kv.total_bytes());  // one buffer for every layer
 
   std::vector<float> k(3 * 8), v(3 * 8);
   for (int i = 0; i < 24; ++i) {
