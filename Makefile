@@ -49,7 +49,7 @@ CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=c
 SANITIZE_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
 
 .PHONY: all setup setup-serve deps deps-serve venv model build build-dserve build-asan build-tsan \
-	run serve test test-cpp test-asan test-tsan test-py test-py-fresh test-container bench bench-compare clean \
+	run serve test test-cpp test-asan test-tsan test-py test-py-fresh test-checked test-container bench bench-compare clean \
 	deps-arm64 build-arm64 test-arm64
 
 all: build
@@ -182,7 +182,7 @@ ARM64_TEST_BUILD := build-arm64
 endif
 
 test: setup build build-asan build-tsan $(ARM64_TEST_BUILD)
-	$(MAKE) test-cpp test-asan test-tsan test-arm64 test-py test-container
+	$(MAKE) test-cpp test-asan test-tsan test-arm64 test-py test-checked test-container
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -217,6 +217,18 @@ test-py:
 	DSERVE_BUILD_DIR=$(CURDIR)/$(BUILD) DSERVE_MODEL=$(DEFAULT_MODEL) \
 	DSERVE_ARM64_BUILD_DIR=$(CURDIR)/$(ARM64_BUILD) \
 	  $(PY) -m pytest -q tests/reference
+
+# The tests that run models again on the checking backend (docs/architecture.md, "The
+# backend seam"): backend memory unreadable outside backend operations, so any host
+# access to it by model, engine or parallel code dies where it happens.
+CHECKED_CPP_TESTS := engine_test|async_llm_test|data_parallel_test|dp_lockstep_test
+CHECKED_PY_TESTS := test_llama_reference.py test_deepseek_reference.py test_engine.py \
+	test_tensor_parallel.py test_expert_parallel.py test_data_parallel.py
+test-checked:
+	cd $(BUILD) && DSERVE_CHECK_BACKEND_MEMORY=1 ctest --output-on-failure -j $(JOBS) \
+	  -R '^($(CHECKED_CPP_TESTS))$$'
+	DSERVE_CHECK_BACKEND_MEMORY=1 DSERVE_BUILD_DIR=$(CURDIR)/$(BUILD) DSERVE_MODEL=$(DEFAULT_MODEL) \
+	  $(PY) -m pytest -q $(addprefix tests/reference/,$(CHECKED_PY_TESTS))
 
 # The Dockerfile built without a Docker daemon, each stage in a chroot of a clean Debian
 # 12 root (tools/dockerfile_chroot.py; package layers cached in $(DSERVE_CACHE)/container,

@@ -2,10 +2,17 @@
 // a forward pass as a sequence of these operations; a backend (CPU today; CUDA and
 // Ascend as further implementations in their own folders) carries them out.
 //
-// Activation pointers (float*) live in the backend's memory: host memory for the
-// CPU backend. Weights are TensorViews as the loader produced them (any DType);
-// the CPU backend reads them in place unless the model prepared them at load
-// (prepare_matmul_weight).
+// Every pointer an operation takes (activations, scratch, KV pools, RoPE tables,
+// token ids, positions, block tables, routing) points into the backend's memory:
+// buffers from alloc(), filled by upload() and read back by download(), the only
+// places where data crosses between host and backend. The CPU backend's memory is
+// host memory, but model, engine and parallel code never touch it directly, so that
+// an accelerator's backend (device memory, asynchronous streams) runs the same
+// forward with one upload of a step's inputs and one download of its logits. The
+// checking backend (make_cpu_backend with check_memory) enforces this on the CPU.
+// Weights are TensorViews as the loader produced them (any DType); the CPU backend
+// reads them in place unless the model prepared them at load (prepare_matmul_weight),
+// an accelerator copies them to its memory there.
 //
 // Shapes are written [outer, ..., inner], row-major, contiguous unless a stride is
 // given. All reductions (norms, softmax, dot products) accumulate in FP32.
@@ -19,6 +26,9 @@
 #include <string>
 #include <string_view>
 
+#include "backend/backend_buffer.h"
+#include "base/status.h"
+#include "dist/communicator.h"
 #include "tensor/tensor_view.h"
 
 namespace dserve {
@@ -63,10 +73,91 @@ struct MatmulGroup {
   int n_targets = 0;
 };
 
+// Backend::copy_strided's shape: n0 x n1 runs of len floats,
+// dst[i * dst_stride0 + j * dst_stride1 + x] = src[i * src_stride0 + j * src_stride1 + x].
+struct StridedCopy {
+  int64_t n0 = 1, n1 = 1, len = 0;
+  int64_t dst_stride0 = 0, dst_stride1 = 0;
+  int64_t src_stride0 = 0, src_stride1 = 0;
+};
+
+// How a mixture-of-experts router turns its logits into choices (DeepSeekMoE's gate):
+//   scores = softmax(logits) or sigmoid(logits)                        [E]
+//   choice = scores + correction_bias (when given)
+//   group selection (n_groups groups of E / n_groups experts): keep the top_groups
+//     groups ranked by their best choice (kMaxOfGroup) or by the sum of their two
+//     best (kTopTwoSum); kNone keeps every expert;
+//   top_k of choice among the kept experts (ties to the lower id);
+//   weights = scores at the chosen experts, / their sum (+1e-20) when normalize,
+//             times scaling.
+enum class MoeScoring { kSoftmax, kSigmoid };
+enum class MoeGroupSelect { kNone, kMaxOfGroup, kTopTwoSum };
+struct MoeRouting {
+  int n_experts = 0;
+  int top_k = 0;
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  MoeGroupSelect group_select = MoeGroupSelect::kNone;
+  int n_groups = 1;
+  int top_groups = 1;
+  bool normalize = false;
+  float scaling = 1.0f;
+  const float* correction_bias = nullptr;  // [n_experts] in backend memory, or null
+};
+
+// One SwiGLU feed-forward: down(silu(gate x) * up x).
+struct SwigluWeights {
+  const TensorView* gate = nullptr;  // [inter, hidden]
+  const TensorView* up = nullptr;    // [inter, hidden]
+  const TensorView* down = nullptr;  // [hidden, inter]
+};
+
+// The experts of one MoE layer as Backend::moe_experts runs them.
+struct MoeExperts {
+  const SwigluWeights* experts = nullptr;  // [n_experts], host array of weight views
+  int n_experts = 0;
+  int first = 0, end = 0;  // the experts this rank holds: [first, end)
+  int64_t hidden = 0;
+  int64_t inter = 0;                       // every routed expert's width
+  const SwigluWeights* shared = nullptr;   // shared experts over every token, or null
+  int64_t shared_inter = 0;
+};
+
+// Routed-expert work counted by moe_experts (int64 counters in backend memory).
+enum MoeCounter { kMoeRoutedSlots, kMoeExpertRuns, kMoeExpertRows, kMoeExpertIdle, kNumMoeCounters };
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;  // "cpu-avx512", "cpu-avx2", "cpu-scalar", ...
+
+  // --- Memory ---------------------------------------------------------------------
+  // bytes of backend memory (contents undefined; bytes may be 0: a null buffer).
+  virtual BackendBuffer alloc(size_t bytes) = 0;
+  // Frees what alloc() returned; BackendBuffer calls it.
+  virtual void release(void* data, size_t bytes) = 0;
+  // Host -> backend, backend -> host and backend -> backend copies of `bytes` bytes.
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Float runs between strided layouts (StridedCopy): per-head transposes, row slices.
+  virtual void copy_strided(float* dst, const float* src, const StridedCopy& shape) = 0;
+  // out[i] = x[rows[i]] for x [*, row_length], out [n, row_length].
+  virtual void gather_rows(const float* x, int64_t row_length, const int32_t* rows, int64_t n,
+                           float* out) = 0;
+
+  // --- Collectives over backend buffers -------------------------------------------
+  // The Communicator's collectives on this backend's memory. The defaults hand the
+  // pointers to comm (host memory: gloo); an accelerator pairs with a communicator on
+  // its device (NCCL, HCCL) or stages through the host.
+  virtual Status all_reduce_sum(dist::Communicator& comm, float* data, int64_t n) {
+    return comm.all_reduce_sum({data, static_cast<size_t>(n)});
+  }
+  // out [comm.size() * bytes] = every rank's `in` [bytes], in rank order.
+  virtual Status all_gather(dist::Communicator& comm, const void* in, size_t bytes, void* out) {
+    return comm.all_gather({static_cast<const std::byte*>(in), bytes},
+                           {static_cast<std::byte*>(out), bytes * static_cast<size_t>(comm.size())});
+  }
 
   // y[n_tokens, n_out] = x[n_tokens, n_in] · w[n_out, n_in]ᵀ, then + bias[n_out] if
   // bias is non-null (bias F32/F16/BF16). w may be any DType.
@@ -114,6 +205,25 @@ class Backend {
   // out[i] = table[ids[i]] as float: out[n_ids, row_length].
   virtual void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
                         float* out) = 0;
+  // A vocabulary shard's embedding: out[i] = table[ids[i] - first_id] as float when
+  // first_id <= ids[i] < first_id + table rows, else zeros.
+  virtual void get_rows_shard(const TensorView& table, const int32_t* ids, int64_t n_ids,
+                              int64_t first_id, float* out) = 0;
+
+  // --- Mixture of experts ---------------------------------------------------------
+  // ids [n_tokens, top_k], weights [n_tokens, top_k] from the router's logits
+  // [n_tokens, n_experts] (see MoeRouting), in FP32.
+  virtual void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& routing,
+                         int32_t* ids, float* weights) = 0;
+  // out[t] = sum over t's slots j whose expert e = ids[t, j] this rank holds, in
+  // increasing e, of weights[t, j] * expert_e(x[t]); then + shared(x[t]) when the
+  // layer has shared experts. x, out [n_tokens, hidden]; ids, weights [n_tokens, k].
+  // Each expert runs once over the tokens routed to it; experts no token chose are not
+  // touched. counters (int64 [kNumMoeCounters] in backend memory, or null) accumulate
+  // the work done.
+  virtual void moe_experts(const float* x, int64_t n_tokens, const int32_t* ids,
+                           const float* weights, int k, const MoeExperts& experts, float* out,
+                           int64_t* counters) = 0;
 
   // out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for x, out [n_tokens, n].
   // out may alias x.
@@ -173,13 +283,51 @@ class Backend {
                                float scale) = 0;
 };
 
+inline void BackendBuffer::reset() {
+  if (owner_ != nullptr && data_ != nullptr) owner_->release(data_, bytes_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+template <typename T>
+T* DeviceArray<T>::ensure(int64_t n) {
+  if (n > size()) {
+    buf_.reset();
+    // Geometric growth, so that a batch growing a little each step reallocates rarely.
+    const int64_t grown = n + n / 2;
+    buf_ = backend_->alloc(static_cast<size_t>(grown) * sizeof(T));
+  }
+  return get();
+}
+
+template <typename T>
+T* DeviceArray<T>::upload(const T* host, int64_t n) {
+  T* dst = ensure(n);
+  backend_->upload(dst, host, static_cast<size_t>(n) * sizeof(T));
+  return dst;
+}
+
+// DSERVE_CHECK_BACKEND_MEMORY=1 in the environment.
+bool check_memory_from_environment();
+
 struct CpuBackendOptions {
   int n_threads = 0;  // 0: one per online CPU
   bool pin_threads = false;
   // Force an instruction set ("scalar", "avx2", "avx512"); empty: best available.
   std::string isa;
+  // The checking backend: the CPU backend with its memory unreadable outside its own
+  // operations and every pointer an operation takes checked against its buffers, so
+  // that any host access to backend memory fails loudly (tests). Defaults to on when
+  // the environment variable DSERVE_CHECK_BACKEND_MEMORY is 1, so that a test suite
+  // runs every process it starts with it.
+  bool check_memory = check_memory_from_environment();
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
+
+// Wraps `inner` (a host-memory backend) as the checking backend described at
+// CpuBackendOptions::check_memory.
+std::unique_ptr<Backend> make_checking_backend(std::unique_ptr<Backend> inner);
 
 }  // namespace dserve

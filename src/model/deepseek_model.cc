@@ -56,7 +56,37 @@ struct DeepseekModel::OwnedTensor {
 
 DeepseekModel::DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend,
                              DeepseekConfig config)
-    : files_(std::move(files)), backend_(backend), config_(std::move(config)) {}
+    : files_(std::move(files)), backend_(backend), config_(std::move(config)) {
+  scratch_.bind(backend);
+  moe_counters_ = backend_.alloc(kNumMoeCounters * sizeof(int64_t));
+  backend_.fill_zero(moe_counters_.data(), moe_counters_.bytes());
+}
+
+void DeepseekModel::Scratch::bind(Backend& backend) {
+  for (DeviceArray<float>* a : {&x, &xb, &qa, &q, &kva, &att, &c_all, &kvb, &k, &v, &q_abs, &out_lat,
+                                &tmp_in, &tmp_out, &gate, &up, &moe_out, &expert_in, &expert_out,
+                                &router, &expert_weights, &rows}) {
+    a->bind(&backend);
+  }
+  expert_ids.bind(&backend);
+  batch.bind(backend);
+}
+
+MoeStats DeepseekModel::moe_stats() const {
+  int64_t counters[kNumMoeCounters];
+  backend_.download(counters, moe_counters_.data(), sizeof(counters));
+  MoeStats s = moe_stats_;
+  s.routed_slots += counters[kMoeRoutedSlots];
+  s.expert_runs += counters[kMoeExpertRuns];
+  s.expert_rows += counters[kMoeExpertRows];
+  s.expert_idle += counters[kMoeExpertIdle];
+  return s;
+}
+
+void DeepseekModel::reset_moe_stats() {
+  moe_stats_ = {};
+  backend_.fill_zero(moe_counters_.data(), moe_counters_.bytes());
+}
 
 DeepseekModel::~DeepseekModel() = default;
 
@@ -172,7 +202,7 @@ Status DeepseekModel::plan_shards() {
   expert_begin_ = 0;
   expert_end_ = c.n_routed_experts;
   shared_inter_ = c.moe_intermediate_size * c.n_shared_experts;
-  vocab_.init(c.vocab_size, r, n);
+  vocab_.init(backend_, c.vocab_size, r, n);
   if (dispatch_) {  // experts dealt out over the engines' group, not this one
     expert_begin_ = dispatch_->first_expert();
     expert_end_ = expert_begin_ + dispatch_->n_local_experts();
@@ -518,8 +548,10 @@ Status DeepseekModel::bind_weights() {
     DS_RETURN_IF_ERROR(bind(p + "mlp.gate.e_score_correction_bias", {n_exp},
                             c.topk_method == TopkMethod::kNoauxTc, true, &bias));
     if (bias != nullptr) {
-      w.router_bias.resize(n_exp);
-      dequantize_row(bias->dtype, bias->data, w.router_bias.data(), n_exp);
+      std::vector<float> values(n_exp);
+      dequantize_row(bias->dtype, bias->data, values.data(), n_exp);
+      w.router_bias = backend_.alloc(values.size() * sizeof(float));
+      backend_.upload(w.router_bias.data(), values.data(), w.router_bias.bytes());
     }
     DS_RETURN_IF_ERROR(bind_experts(l, &w));
     if (c.n_shared_experts > 0) {
@@ -534,6 +566,7 @@ Status DeepseekModel::bind_weights() {
     DS_LOG_INFO("{} MTP layer(s) present in the config; not run", c.num_nextn_predict_layers);
   }
   rope_ = std::make_unique<RopeCache>(c.rope, max_context_);
+  rope_table_ = std::make_unique<DeviceRopeTable>(backend_, *rope_);
 
   // The backend's own layout of every matmul weight, made once here.
   auto prepare = [&](const TensorView* t) {
@@ -567,7 +600,7 @@ size_t DeepseekModel::active_weight_bytes_per_token() const {
                                 w.kv_a_norm, w.o_proj, w.ffn_norm, w.router}) {
       if (t) bytes += t->n_bytes;
     }
-    bytes += w.router_bias.size() * sizeof(float);
+    bytes += w.router_bias.bytes();
     for (const TensorView& t : w.w_uk_t) bytes += t.n_bytes;  // decode: absorbed form
     for (const TensorView& t : w.w_uv) bytes += t.n_bytes;
     if (!w.moe) {
@@ -581,7 +614,7 @@ size_t DeepseekModel::active_weight_bytes_per_token() const {
 }
 
 std::unique_ptr<MlaKvCache> DeepseekModel::new_kv_cache() const {
-  return std::make_unique<MlaKvCache>(config_, max_context_);
+  return std::make_unique<MlaKvCache>(backend_, config_, max_context_);
 }
 
 // kv_b_proj [H * (nope + v), r] for the expanded form. A GGUF may store only its split
@@ -617,32 +650,32 @@ const TensorView& DeepseekModel::expanded_kv_b(int layer) {
 //   k [n_kv, H, nope + rope] = [kvb nope part | k_pe];  v [n_kv, H, v_dim]
 //   att [n, H, v] = attention(q [n, H, qk], k, v)
 void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const float* latent,
-                                    int64_t n_kv, std::span<const int32_t> positions) {
+                                    int64_t n_kv) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
                 rope = c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
-  s.c_all.resize(n_kv * r);
-  s.kvb.resize(n_kv * H * (nope + vd));
-  s.k.resize(n_kv * H * qk);
-  s.v.resize(n_kv * H * vd);
-  for (int64_t j = 0; j < n_kv; ++j)
-    std::memcpy(&s.c_all[j * r], latent + j * row, r * sizeof(float));
-  backend_.matmul(kv_b, nullptr, s.c_all.data(), n_kv, s.kvb.data());
-  for (int64_t j = 0; j < n_kv; ++j) {
-    const float* k_pe = latent + j * row + r;
-    for (int64_t h = 0; h < H; ++h) {
-      const float* src = &s.kvb[(j * H + h) * (nope + vd)];
-      float* k = &s.k[(j * H + h) * qk];
-      std::memcpy(k, src, nope * sizeof(float));
-      std::memcpy(k + nope, k_pe, rope * sizeof(float));
-      std::memcpy(&s.v[(j * H + h) * vd], src + nope, vd * sizeof(float));
-    }
-  }
-  backend_.attention(s.q.data(), s.k.data(), s.v.data(), s.att.data(), n, positions.data(), n_kv,
-                     static_cast<int>(H), static_cast<int>(H), static_cast<int>(qk),
-                     static_cast<int>(vd), c.softmax_scale());
+  float* c_all = s.c_all.ensure(n_kv * r);
+  float* kvb = s.kvb.ensure(n_kv * H * (nope + vd));
+  float* k = s.k.ensure(n_kv * H * qk);
+  float* v = s.v.ensure(n_kv * H * vd);
+  backend_.copy_strided(c_all, latent,
+                        {.n0 = n_kv, .len = r, .dst_stride0 = r, .src_stride0 = row});
+  backend_.matmul(kv_b, nullptr, c_all, n_kv, kvb);
+  // For each (position j, head h): k's nope part and v from kvb, k's rope part the
+  // position's shared k_pe (a zero head stride repeats it over the heads).
+  const int64_t kvb_row = nope + vd;
+  backend_.copy_strided(k, kvb, {.n0 = n_kv, .n1 = H, .len = nope, .dst_stride0 = H * qk,
+                                 .dst_stride1 = qk, .src_stride0 = H * kvb_row, .src_stride1 = kvb_row});
+  backend_.copy_strided(k + nope, latent + r, {.n0 = n_kv, .n1 = H, .len = rope, .dst_stride0 = H * qk,
+                                               .dst_stride1 = qk, .src_stride0 = row, .src_stride1 = 0});
+  backend_.copy_strided(v, kvb + nope, {.n0 = n_kv, .n1 = H, .len = vd, .dst_stride0 = H * vd,
+                                        .dst_stride1 = vd, .src_stride0 = H * kvb_row,
+                                        .src_stride1 = kvb_row});
+  backend_.attention(s.q.get(), k, v, s.att.get(), n, s.batch.positions(), n_kv, static_cast<int>(H),
+                     static_cast<int>(H), static_cast<int>(qk), static_cast<int>(vd),
+                     c.softmax_scale());
 }
 
 // Absorbed MLA, attending in the latent space:
@@ -658,103 +691,96 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
                 rope = c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
-  s.q_abs.resize(n * H * row);
-  s.out_lat.resize(n * H * row);
+  float* q = s.q.get();
+  float* q_abs = s.q_abs.ensure(n * H * row);
+  float* out_lat = s.out_lat.ensure(n * H * row);
   // Every head's product as one grouped matmul (head h: its own input rows and
   // weight), so the backend runs the layer's heads as one job rather than one each.
-  s.tmp_in.resize(H * n * std::max(nope, r));
-  s.tmp_out.resize(H * n * std::max(r, vd));
+  float* tmp_in = s.tmp_in.ensure(H * n * std::max(nope, r));
+  float* tmp_out = s.tmp_out.ensure(H * n * std::max(r, vd));
   std::vector<MatmulTarget>& targets = s.head_targets;
   std::vector<MatmulGroup>& groups = s.head_groups;
   targets.resize(H);
   groups.resize(H);
   // tmp_in [H, n, nope] = q_nope per head; tmp_out [H, n, r] = tmp_in_h · W_UK_hᵀ
+  backend_.copy_strided(tmp_in, q, {.n0 = H, .n1 = n, .len = nope, .dst_stride0 = n * nope,
+                                    .dst_stride1 = nope, .src_stride0 = qk, .src_stride1 = H * qk});
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(&s.tmp_in[(h * n + t) * nope], &s.q[(t * H + h) * qk], nope * sizeof(float));
-    }
-    targets[h] = {&w.w_uk_t[h], nullptr, &s.tmp_out[h * n * r]};
-    groups[h] = {&s.tmp_in[h * n * nope], n, &targets[h], 1};
+    targets[h] = {&w.w_uk_t[h], nullptr, tmp_out + h * n * r};
+    groups[h] = {tmp_in + h * n * nope, n, &targets[h], 1};
   }
   backend_.matmul_grouped(groups.data(), static_cast<int>(H));
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) {
-      float* dst = &s.q_abs[(t * H + h) * row];
-      std::memcpy(dst, &s.tmp_out[(h * n + t) * r], r * sizeof(float));
-      std::memcpy(dst + r, &s.q[(t * H + h) * qk + nope], rope * sizeof(float));
-    }
-  }
-  attend_latent(s.q_abs.data(), s.out_lat.data());
+  // q_abs [n, H, :r] = tmp_out per head; q_abs [n, H, r:] = q_pe
+  backend_.copy_strided(q_abs, tmp_out, {.n0 = H, .n1 = n, .len = r, .dst_stride0 = row,
+                                         .dst_stride1 = H * row, .src_stride0 = n * r, .src_stride1 = r});
+  backend_.copy_strided(q_abs + r, q + nope,
+                        {.n0 = n * H, .len = rope, .dst_stride0 = row, .src_stride0 = qk});
+  attend_latent(q_abs, out_lat);
   // tmp_in [H, n, r] = out_lat's latent part per head; tmp_out [H, n, v] = · W_UV_hᵀ
+  backend_.copy_strided(tmp_in, out_lat, {.n0 = H, .n1 = n, .len = r, .dst_stride0 = n * r,
+                                          .dst_stride1 = r, .src_stride0 = row, .src_stride1 = H * row});
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(&s.tmp_in[(h * n + t) * r], &s.out_lat[(t * H + h) * row], r * sizeof(float));
-    }
-    targets[h] = {&w.w_uv[h], nullptr, &s.tmp_out[h * n * vd]};
-    groups[h] = {&s.tmp_in[h * n * r], n, &targets[h], 1};
+    targets[h] = {&w.w_uv[h], nullptr, tmp_out + h * n * vd};
+    groups[h] = {tmp_in + h * n * r, n, &targets[h], 1};
   }
   backend_.matmul_grouped(groups.data(), static_cast<int>(H));
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(&s.att[(t * H + h) * vd], &s.tmp_out[(h * n + t) * vd], vd * sizeof(float));
-    }
-  }
+  // att [n, H, v] = tmp_out per head
+  backend_.copy_strided(s.att.get(), tmp_out, {.n0 = H, .n1 = n, .len = vd, .dst_stride0 = vd,
+                                               .dst_stride1 = H * vd, .src_stride0 = n * vd,
+                                               .src_stride1 = vd});
 }
 
-// MLA for one layer: s.xb [n, hidden] (normed) -> s.att [n, H * v]; stores the
-// batch's latents in `kv`.
-void DeepseekModel::project_qkv(int layer, int64_t n, std::span<const int32_t> positions) {
+// MLA's projections for one layer: s.xb [n, hidden] (normed) -> q [n, H, qk] with
+// q_pe rotated, kva [n, r + rope] = [c normed | k_pe rotated].
+void DeepseekModel::project_qkv(int layer, int64_t n) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const LayerWeights& w = layers_[layer];
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, row = c.latent_dim(), nope = c.qk_nope_head_dim;
-  const RopeTable& rope = rope_->table();
+  const RopeTable& rope = rope_table_->table();
+  const int32_t* positions = s.batch.positions();
+  float* q = s.q.get();
+  float* kva = s.kva.get();
 
   // q [n, H, nope + rope]
   // and kva [n, r + rope] = [c | k_pe] from the same input, in one backend job.
   if (w.q_proj != nullptr) {
-    const MatmulTarget q_kva[] = {{w.q_proj, nullptr, s.q.data()}, {w.kv_a, nullptr, s.kva.data()}};
-    backend_.matmul_many(s.xb.data(), n, q_kva, 2);
+    const MatmulTarget q_kva[] = {{w.q_proj, nullptr, q}, {w.kv_a, nullptr, kva}};
+    backend_.matmul_many(s.xb.get(), n, q_kva, 2);
   } else {
-    const MatmulTarget qa_kva[] = {{w.q_a, nullptr, s.qa.data()}, {w.kv_a, nullptr, s.kva.data()}};
-    backend_.matmul_many(s.xb.data(), n, qa_kva, 2);
-    backend_.rms_norm(s.qa.data(), *w.q_a_norm, c.rms_norm_eps, n, c.q_lora_rank, s.qa.data());
-    backend_.matmul(*w.q_b, nullptr, s.qa.data(), n, s.q.data());
+    float* qa = s.qa.get();
+    const MatmulTarget qa_kva[] = {{w.q_a, nullptr, qa}, {w.kv_a, nullptr, kva}};
+    backend_.matmul_many(s.xb.get(), n, qa_kva, 2);
+    backend_.rms_norm(qa, *w.q_a_norm, c.rms_norm_eps, n, c.q_lora_rank, qa);
+    backend_.matmul(*w.q_b, nullptr, qa, n, q);
   }
   // Rotate q_pe: the rope dims of each head start `nope` floats in, so view q from
   // there with the full head stride.
-  backend_.rope(s.q.data() + nope, n, static_cast<int>(H), static_cast<int>(c.qk_head_dim()),
-                positions.data(), rope, c.rope_interleaved);
+  backend_.rope(q + nope, n, static_cast<int>(H), static_cast<int>(c.qk_head_dim()), positions, rope,
+                c.rope_interleaved);
 
   // kva: c normed, k_pe rotated; rows go to the cache.
   for (int64_t t = 0; t < n; ++t) {
-    backend_.rms_norm(&s.kva[t * row], *w.kv_a_norm, c.rms_norm_eps, 1, r, &s.kva[t * row]);
+    backend_.rms_norm(kva + t * row, *w.kv_a_norm, c.rms_norm_eps, 1, r, kva + t * row);
   }
-  backend_.rope(s.kva.data() + r, n, 1, static_cast<int>(row), positions.data(), rope,
-                c.rope_interleaved);
+  backend_.rope(kva + r, n, 1, static_cast<int>(row), positions, rope, c.rope_interleaved);
 }
 
-void DeepseekModel::attention(int layer, int64_t n, std::span<const int32_t> positions,
-                              MlaKvCache& kv, bool absorbed) {
+void DeepseekModel::attention(int layer, int64_t n, int64_t n_kv, MlaKvCache& kv, bool absorbed) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const LayerWeights& w = layers_[layer];
-  Scratch& s = scratch_;
   const int64_t H = c.n_heads, row = c.latent_dim();
-  project_qkv(layer, n, positions);
-  float* latent = kv.latent(layer);  // [capacity, r + rope]
-  for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(latent + static_cast<int64_t>(positions[t]) * row, &s.kva[t * row],
-                row * sizeof(float));
-  }
-  const int64_t n_kv = static_cast<int64_t>(positions.back()) + 1;
+  project_qkv(layer, n);
+  float* latent = kv.latent(layer);  // [capacity, r + rope]; a position's slot is itself
+  backend_.kv_store(DType::kF32, latent, row, scratch_.kva.get(), scratch_.batch.slots(), n);
   if (absorbed) {
     attend_absorbed(w, n, [&](const float* q_abs, float* out_lat) {
-      backend_.attention(q_abs, latent, latent, out_lat, n, positions.data(), n_kv,
+      backend_.attention(q_abs, latent, latent, out_lat, n, scratch_.batch.positions(), n_kv,
                          static_cast<int>(H), 1, static_cast<int>(row), static_cast<int>(row),
                          c.softmax_scale());
     });
   } else {
-    attend_expanded(expanded_kv_b(layer), n, latent, n_kv, positions);
+    attend_expanded(expanded_kv_b(layer), n, latent, n_kv);
   }
 }
 
@@ -796,88 +822,82 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
       absorbed = true;
       break;
   }
-
-  DS_RETURN_IF_ERROR(run_layers(tokens, [&](int l) { attention(l, n, positions, kv, absorbed); }));
-  kv.set_n_tokens(end);
-
   std::vector<int32_t>& rows = scratch_.row_ids;
   rows.clear();
   for (int64_t t = which == LogitsFor::kLast ? n - 1 : 0; t < n; ++t) {
     rows.push_back(static_cast<int32_t>(t));
   }
-  return compute_logits(rows, logits);
+  scratch_.batch.upload_sequence(tokens, positions);
+  scratch_.batch.upload_rows(rows);
+
+  DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention(l, n, end, kv, absorbed); }));
+  kv.set_n_tokens(end);
+  return compute_logits(static_cast<int64_t>(rows.size()), logits);
 }
 
 template <typename AttendFn>
-Status DeepseekModel::run_layers(std::span<const int32_t> tokens, AttendFn&& attend) {
+Status DeepseekModel::run_layers(int64_t n, AttendFn&& attend) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
-  const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t hidden = c.hidden_size, H = c.n_heads;
   Scratch& s = scratch_;
-  s.x.resize(n * hidden);
-  s.xb.resize(n * hidden);
-  s.qa.resize(n * std::max(c.q_lora_rank, 1));
-  s.q.resize(n * H * c.qk_head_dim());
-  s.kva.resize(n * c.latent_dim());
-  s.att.resize(n * H * c.v_head_dim);
-  s.moe_out.resize(n * hidden);
+  float* x = s.x.ensure(n * hidden);
+  float* xb = s.xb.ensure(n * hidden);
+  s.qa.ensure(n * std::max(c.q_lora_rank, 1));
+  s.q.ensure(n * H * c.qk_head_dim());
+  s.kva.ensure(n * c.latent_dim());
+  float* att = s.att.ensure(n * H * c.v_head_dim);
+  float* moe_out = s.moe_out.ensure(n * hidden);
 
   // x [n, hidden] = embedding rows (over the vocabulary's ranks)
-  DS_RETURN_IF_ERROR(vocab_.embed(backend_, *comm_, *embed_, tokens, hidden, s.x.data()));
-  const std::span<float> xb(s.xb.data(), static_cast<size_t>(n * hidden));
-  const std::span<float> moe_out(s.moe_out.data(), static_cast<size_t>(n * hidden));
+  DS_RETURN_IF_ERROR(vocab_.embed(*comm_, *embed_, s.batch.tokens(), n, hidden, x));
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     // --- MLA block: x += o_proj(attention(rms_norm(x))) ---
-    backend_.rms_norm(s.x.data(), *w.attn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
+    backend_.rms_norm(x, *w.attn_norm, c.rms_norm_eps, n, hidden, xb);
     attend(l);
-    backend_.matmul(*w.o_proj, nullptr, s.att.data(), n, s.xb.data());
-    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(xb));  // the ranks' heads' shares
-    backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
+    backend_.matmul(*w.o_proj, nullptr, att, n, xb);
+    DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, xb, n * hidden));  // the ranks' heads' shares
+    backend_.add_inplace(x, xb, n * hidden);
 
     // --- FFN block: x += mlp(rms_norm(x)) (dense or MoE) ---
-    backend_.rms_norm(s.x.data(), *w.ffn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
+    backend_.rms_norm(x, *w.ffn_norm, c.rms_norm_eps, n, hidden, xb);
     if (w.moe) {
       DS_RETURN_IF_ERROR(run_moe(w, n));
     } else {
-      run_mlp(w.dense, c.intermediate_size, s.xb.data(), n, s.moe_out.data());
+      run_mlp(w.dense, c.intermediate_size, xb, n, moe_out);
     }
-    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(moe_out));  // the ranks' FFN shares
-    backend_.add_inplace(s.x.data(), s.moe_out.data(), n * hidden);
+    DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, moe_out, n * hidden));  // the ranks' FFN shares
+    backend_.add_inplace(x, moe_out, n * hidden);
   }
   return Status::Ok();
 }
 
-Status DeepseekModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
+Status DeepseekModel::compute_logits(int64_t n_out, std::vector<float>* logits) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t hidden = c.hidden_size;
-  const int64_t n_out = static_cast<int64_t>(rows.size());
   Scratch& s = scratch_;
   // rows_x [n_out, hidden] = rms_norm(x[rows]); logits [n_out, vocab] = rows_x · lm_headᵀ
-  s.rows.resize(n_out * hidden);
-  for (int64_t i = 0; i < n_out; ++i) {
-    std::memcpy(&s.rows[i * hidden], &s.x[int64_t{rows[i]} * hidden], hidden * sizeof(float));
-  }
-  backend_.rms_norm(s.rows.data(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.data());
-  return vocab_.logits(backend_, *comm_, *lm_head_, s.rows.data(), n_out, logits);
+  float* rows = s.rows.ensure(n_out * hidden);
+  backend_.gather_rows(s.x.get(), hidden, s.batch.rows(), n_out, rows);
+  backend_.rms_norm(rows, *final_norm_, c.rms_norm_eps, n_out, hidden, rows);
+  return vocab_.logits(*comm_, *lm_head_, rows, n_out, logits);
 }
 
 std::unique_ptr<PagedMlaCache> DeepseekModel::new_paged_cache(int n_blocks, int block_size,
                                                               DType dtype) const {
-  return std::make_unique<PagedMlaCache>(config_, n_blocks, block_size, dtype);
+  return std::make_unique<PagedMlaCache>(backend_, config_, n_blocks, block_size, dtype);
 }
 
-void DeepseekModel::attention_paged(int layer, int64_t n, std::span<const int32_t> positions,
-                                    const PagedBatch& batch, const int64_t* slots,
+void DeepseekModel::attention_paged(int layer, int64_t n, const PagedBatch& batch,
                                     PagedMlaCache& cache) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t H = c.n_heads, row = c.latent_dim();
-  project_qkv(layer, n, positions);
+  project_qkv(layer, n);
   void* pool = cache.latent(layer);  // [n_slots, r + rope] of cache.dtype()
   const DType dtype = cache.dtype();
   // The whole step's latents first: a sequence may read, through a shared prefix
   // block, rows another sequence of this step writes.
-  backend_.kv_store(dtype, pool, row, scratch_.kva.data(), slots, n);
+  backend_.kv_store(dtype, pool, row, scratch_.kva.get(), scratch_.batch.slots(), n);
   attend_absorbed(layers_[layer], n, [&](const float* q_abs, float* out_lat) {
     backend_.paged_attention(q_abs, dtype, pool, pool, out_lat, batch, static_cast<int>(H), 1,
                              static_cast<int>(row), static_cast<int>(row), c.softmax_scale());
@@ -887,13 +907,13 @@ void DeepseekModel::attention_paged(int layer, int64_t n, std::span<const int32_
 Status DeepseekModel::forward_batch(const ModelBatch& batch, PagedMlaCache& cache,
                                     std::vector<float>* logits) {
   std::vector<int64_t>& slots = scratch_.slots;
-  PagedBatch pb;
+  PagedBatch host;
   DS_RETURN_IF_ERROR(resolve_paged_batch(batch, config_.vocab_size, max_context_,
-                                         cache.n_blocks(), cache.block_size(), &slots, &pb));
+                                         cache.n_blocks(), cache.block_size(), &slots, &host));
   const int64_t n = batch.n_tokens();
-  DS_RETURN_IF_ERROR(run_layers(
-      batch.tokens, [&](int l) { attention_paged(l, n, batch.positions, pb, slots.data(), cache); }));
-  return compute_logits(batch.logits_rows, logits);
+  const PagedBatch pb = scratch_.batch.upload_paged(batch, host, slots);
+  DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention_paged(l, n, pb, cache); }));
+  return compute_logits(static_cast<int64_t>(batch.logits_rows.size()), logits);
 }
 
 }  // namespace dserve

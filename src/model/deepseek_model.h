@@ -153,15 +153,12 @@ class DeepseekModel {
   // (layer, routed expert) weight sets this rank holds.
   int64_t n_experts_held() const { return n_experts_held_; }
 
-  const MoeStats& moe_stats() const { return moe_stats_; }
-  void reset_moe_stats() { moe_stats_ = {}; }
+  // (Reads the backend's counters: call between forwards.)
+  MoeStats moe_stats() const;
+  void reset_moe_stats();
 
  private:
-  struct Mlp {                         // SwiGLU: down(silu(gate x) * up x)
-    const TensorView* gate = nullptr;  // [inter, hidden]
-    const TensorView* up = nullptr;    // [inter, hidden]
-    const TensorView* down = nullptr;  // [hidden, inter]
-  };
+  using Mlp = SwigluWeights;  // down(silu(gate x) * up x): gate, up [inter, hidden], down [hidden, inter]
   struct LayerWeights {
     const TensorView* attn_norm = nullptr;  // [hidden]
     const TensorView* q_proj = nullptr;     // [H * qk, hidden]      (q_lora_rank == 0)
@@ -179,32 +176,42 @@ class DeepseekModel {
     bool moe = false;
     Mlp dense;                           // !moe
     const TensorView* router = nullptr;  // [E, hidden]           (moe)
-    std::vector<float> router_bias;      // [E] e_score_correction_bias, or empty
+    BackendBuffer router_bias;           // [E] e_score_correction_bias (backend memory), or empty
     std::vector<Mlp> experts;            // [E]                   (moe)
     Mlp shared;                          // n_shared_experts > 0  (moe)
   };
+  // Activations in the backend's memory (grown on demand) and the step's inputs there;
+  // host vectors only for what the host itself plans (matmul groups, batch checks, the
+  // expert-parallel exchange).
   struct Scratch {
-    std::vector<float> x, xb;                  // [n, hidden]
-    std::vector<float> qa;                     // [n, q_lora]
-    std::vector<float> q;                      // [n, H, qk]
-    std::vector<float> kva;                    // [n, r + rope]
-    std::vector<float> att;                    // [n, H * v]
-    std::vector<float> c_all;                  // [n_kv, r]              expanded
-    std::vector<float> kvb;                    // [n_kv, H * (nope + v)] expanded
-    std::vector<float> k, v;                   // [n_kv, H, qk], [n_kv, H, v] expanded
-    std::vector<float> q_abs;                  // [n, H, r + rope]       absorbed
-    std::vector<float> out_lat;                // [n, H, r + rope]       absorbed
-    std::vector<float> tmp_in, tmp_out;        // [H, n, ...] per-head gathers
+    void bind(Backend& backend);
+    DeviceArray<float> x, xb;                  // [n, hidden]
+    DeviceArray<float> qa;                     // [n, q_lora]
+    DeviceArray<float> q;                      // [n, H, qk]
+    DeviceArray<float> kva;                    // [n, r + rope]
+    DeviceArray<float> att;                    // [n, H * v]
+    DeviceArray<float> c_all;                  // [n_kv, r]              expanded
+    DeviceArray<float> kvb;                    // [n_kv, H * (nope + v)] expanded
+    DeviceArray<float> k, v;                   // [n_kv, H, qk], [n_kv, H, v] expanded
+    DeviceArray<float> q_abs;                  // [n, H, r + rope]       absorbed
+    DeviceArray<float> out_lat;                // [n, H, r + rope]       absorbed
+    DeviceArray<float> tmp_in, tmp_out;        // [H, n, ...] per-head gathers
     std::vector<MatmulTarget> head_targets;    // [H] absorbed MLA's per-head products
     std::vector<MatmulGroup> head_groups;      // [H]
-    std::vector<float> gate, up;               // [rows, inter]
-    std::vector<float> moe_out;                // [n, hidden]
-    std::vector<float> expert_in, expert_out;  // [rows, hidden]
-    std::vector<float> slot_out;               // [n_slots, hidden] this rank's dispatched slots' outputs
-    std::vector<float> router;                 // [n, E]
-    std::vector<float> rows;                   // [n_out, hidden] rows for logits
-    std::vector<int32_t> row_ids;              // [n_out]
-    std::vector<int64_t> slots;                // [n] paged cache slots
+    DeviceArray<float> gate, up;               // [rows, inter]
+    DeviceArray<float> moe_out;                // [n, hidden]
+    DeviceArray<float> expert_in, expert_out;  // [rows, hidden]
+    DeviceArray<float> router;                 // [n, E] router logits
+    DeviceArray<int32_t> expert_ids;           // [n, k] the router's choices
+    DeviceArray<float> expert_weights;         // [n, k] and their weights
+    DeviceArray<float> rows;                   // [n_out, hidden] rows for logits
+    DeviceBatch batch;                         // tokens, positions, slots, tables, rows
+    std::vector<int32_t> row_ids;              // [n_out] host
+    std::vector<int64_t> slots;                // [n] host: paged cache slots
+    // The expert-parallel exchange's host side (ExpertDispatch works on host memory).
+    std::vector<float> host_xb, host_expert_out, host_moe_out, slot_out;
+    std::vector<int32_t> host_ids;
+    std::vector<float> host_weights;
   };
   struct OwnedTensor;
 
@@ -235,21 +242,21 @@ class DeepseekModel {
   // Bytes of weights held in memory made at load (conversions, copies, block scales).
   size_t owned_bytes() const;
 
-  void attention(int layer, int64_t n, std::span<const int32_t> positions, MlaKvCache& kv,
-                 bool absorbed);
+  // positions [n] (and slots) are the step's, in backend memory; n_kv: the sequence's
+  // length after this step.
+  void attention(int layer, int64_t n, int64_t n_kv, MlaKvCache& kv, bool absorbed);
   // q (rotated q_pe) into s.q [n, H, qk] and the latent rows into s.kva [n, r + rope].
-  void project_qkv(int layer, int64_t n, std::span<const int32_t> positions);
-  // The paged seam: stores s.kva at `slots` in layer's pool, then absorbed attention.
-  void attention_paged(int layer, int64_t n, std::span<const int32_t> positions,
-                       const PagedBatch& batch, const int64_t* slots, PagedMlaCache& cache);
-  // The layer stack shared by forward() and forward_batch(); attend(layer) turns
-  // s.xb [n, hidden] into s.att [n, H * v].
+  void project_qkv(int layer, int64_t n);
+  // The paged seam: stores s.kva at the step's slots in layer's pool, then absorbed
+  // attention.
+  void attention_paged(int layer, int64_t n, const PagedBatch& batch, PagedMlaCache& cache);
+  // The layer stack shared by forward() and forward_batch() over the uploaded tokens;
+  // attend(layer) turns s.xb [n, hidden] into s.att [n, H * v].
   template <typename AttendFn>
-  Status run_layers(std::span<const int32_t> tokens, AttendFn&& attend);
-  // logits [rows.size(), vocab] from s.x rows `rows`.
-  Status compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
-  void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv,
-                       std::span<const int32_t> positions);
+  Status run_layers(int64_t n, AttendFn&& attend);
+  // logits [n_out, vocab] (host) from s.x at the uploaded rows.
+  Status compute_logits(int64_t n_out, std::vector<float>* logits);
+  void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv);
   // The layer's kv_b_proj, built from attn_k_b / attn_v_b when the file has only those.
   const TensorView& expanded_kv_b(int layer);
   // attend_latent(q_abs [n, H, r + rope], out_lat [n, H, r + rope]) runs the latent
@@ -264,9 +271,9 @@ class DeepseekModel {
   Status run_moe_dispatched(const LayerWeights& w, int64_t n);
   // This rank's experts over the rows dispatch_ received -> s.expert_out [rows, hidden].
   void run_received_experts(const LayerWeights& w);
-  // Router: for each token, n_experts_per_tok (expert, weight) pairs.
-  void route(const LayerWeights& w, int64_t n, std::vector<int32_t>* ids,
-             std::vector<float>* weights);
+  // Router: for each token, n_experts_per_tok (expert, weight) pairs into
+  // s.expert_ids / s.expert_weights [n, k].
+  void route(const LayerWeights& w, int64_t n);
 
   std::unique_ptr<ModelFiles> files_;
   Backend& backend_;
@@ -287,6 +294,7 @@ class DeepseekModel {
   int64_t max_context_ = 0;
   MlaPath path_ = MlaPath::kAuto;
   std::unique_ptr<RopeCache> rope_;
+  std::unique_ptr<DeviceRopeTable> rope_table_;  // rope_'s table in backend memory
 
   const TensorView* embed_ = nullptr;       // [vocab, hidden]
   const TensorView* final_norm_ = nullptr;  // [hidden]
@@ -301,7 +309,8 @@ class DeepseekModel {
   } fp8_;
 
   Scratch scratch_;
-  MoeStats moe_stats_;
+  MoeStats moe_stats_;        // counted on the host (the expert-parallel exchange)
+  BackendBuffer moe_counters_;  // int64 [kNumMoeCounters], counted by moe_experts
 };
 
 }  // namespace dserve

@@ -4,7 +4,7 @@
 // pass needs; the serving engine later swaps in a paged cache behind the model's
 // attention seam (LlamaModel::attend).
 //
-// Memory comes from alloc_huge() (2 MiB aligned, transparent huge pages advised).
+// Memory is one buffer of the Backend's (backend.h), which alone reads and writes it.
 //
 // Thread-safety: not thread-safe; owned by whoever drives the sequence.
 #pragma once
@@ -13,14 +13,14 @@
 #include <cstdint>
 #include <span>
 
+#include "backend/backend.h"
 #include "model/config.h"
 
 namespace dserve {
 
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int64_t capacity);
-  ~KvCache();
+  KvCache(Backend& backend, const ModelConfig& config, int64_t capacity);
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -29,14 +29,10 @@ class KvCache {
   int64_t n_tokens() const { return n_tokens_; }
   void clear() { n_tokens_ = 0; }
 
-  float* k(int layer) { return data_ + layer_offset(layer); }  // [capacity, kv_dim]
-  float* v(int layer) {
-    return data_ + layer_offset(layer) + capacity_ * kv_dim_;
-  }  // [capacity, kv_dim]
+  // [capacity, kv_dim] each, in backend memory
+  float* k(int layer) { return storage_.as<float>() + layer_offset(layer); }
+  float* v(int layer) { return storage_.as<float>() + layer_offset(layer) + capacity_ * kv_dim_; }
 
-  // Copies k_new/v_new [n, kv_dim] into rows positions[0..n) of `layer`. Positions
-  // must be < capacity (the caller checks).
-  void store(int layer, std::span<const int32_t> positions, const float* k_new, const float* v_new);
   // Marks positions up to `n` as valid (after every layer has stored them).
   void set_n_tokens(int64_t n) { n_tokens_ = n; }
 
@@ -51,7 +47,7 @@ class KvCache {
   int64_t capacity_;
   int64_t n_tokens_ = 0;
   size_t bytes_;
-  float* data_;
+  BackendBuffer storage_;
 };
 
 }  // namespace dserve

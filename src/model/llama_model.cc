@@ -17,7 +17,14 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 }  // namespace
 
 LlamaModel::LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config)
-    : files_(std::move(files)), backend_(backend), config_(std::move(config)) {}
+    : files_(std::move(files)), backend_(backend), config_(std::move(config)) {
+  scratch_.bind(backend);
+}
+
+void LlamaModel::Scratch::bind(Backend& backend) {
+  for (DeviceArray<float>* a : {&x, &xb, &q, &k, &v, &att, &gate, &up, &rows}) a->bind(&backend);
+  batch.bind(backend);
+}
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::unique_ptr<ModelFiles> files,
                                                      Backend& backend, int64_t max_context,
@@ -127,6 +134,7 @@ Status LlamaModel::bind_weights() {
     freq_factors.assign(data, data + rope_freqs->n_elements());
   }
   rope_ = std::make_unique<RopeCache>(c.rope, max_context_, freq_factors);
+  rope_table_ = std::make_unique<DeviceRopeTable>(backend_, *rope_);
 
   auto weight_bytes = [&] {
     size_t bytes = embed_->n_bytes + final_norm_->n_bytes + (lm_head_ != embed_ ? lm_head_->n_bytes : 0);
@@ -139,7 +147,7 @@ Status LlamaModel::bind_weights() {
     return bytes;
   };
   model_weight_bytes_ = weight_bytes();
-  vocab_.init(c.vocab_size, comm_->rank(), comm_->size());
+  vocab_.init(backend_, c.vocab_size, comm_->rank(), comm_->size());
   if (comm_->size() > 1) DS_RETURN_IF_ERROR(shard_weights());
   rank_weight_bytes_ = weight_bytes();
 
@@ -245,22 +253,23 @@ size_t LlamaModel::weight_bytes_per_token() const {
 }
 
 std::unique_ptr<KvCache> LlamaModel::new_kv_cache() const {
-  return std::make_unique<KvCache>(shard_, max_context_);
+  return std::make_unique<KvCache>(backend_, shard_, max_context_);
 }
 
 std::unique_ptr<PagedKvCache> LlamaModel::new_paged_cache(int n_blocks, int block_size,
                                                           DType dtype) const {
-  return std::make_unique<PagedKvCache>(shard_, n_blocks, block_size, dtype);
+  return std::make_unique<PagedKvCache>(backend_, shard_, n_blocks, block_size, dtype);
 }
 
-void LlamaModel::attend(int layer, const float* q, const float* k, const float* v,
-                        std::span<const int32_t> positions, KvCache& kv, float* out) {
-  kv.store(layer, positions, k, v);
-  const int64_t n_kv = static_cast<int64_t>(positions.back()) + 1;
+void LlamaModel::attend(int layer, const float* q, const float* k, const float* v, int64_t n,
+                        const int32_t* positions, int64_t n_kv, KvCache& kv, float* out) {
+  // One sequence's cache slot is its position.
+  const int64_t* slots = scratch_.batch.slots();
+  backend_.kv_store(DType::kF32, kv.k(layer), shard_.kv_dim(), k, slots, n);
+  backend_.kv_store(DType::kF32, kv.v(layer), shard_.kv_dim(), v, slots, n);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  backend_.attention(q, kv.k(layer), kv.v(layer), out, static_cast<int64_t>(positions.size()),
-                     positions.data(), n_kv, shard_.n_heads, shard_.n_kv_heads, shard_.head_dim,
-                     shard_.head_dim, scale);
+  backend_.attention(q, kv.k(layer), kv.v(layer), out, n, positions, n_kv, shard_.n_heads,
+                     shard_.n_kv_heads, shard_.head_dim, shard_.head_dim, scale);
 }
 
 void LlamaModel::attend_paged(int layer, const float* q, const float* k, const float* v,
@@ -288,80 +297,74 @@ Status LlamaModel::check_tokens(std::span<const int32_t> tokens) const {
 }
 
 template <typename AttendFn>
-Status LlamaModel::run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                              AttendFn&& attend_layer) {
+Status LlamaModel::run_layers(int64_t n, AttendFn&& attend_layer) {
   // The per-rank shapes (heads, FFN width); equal to config_ on one rank.
   const ModelConfig& c = shard_;
-  const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
   Scratch& s = scratch_;
-  s.x.resize(n * hidden);
-  s.xb.resize(n * hidden);
-  s.q.resize(n * q_dim);
-  s.k.resize(n * kv_dim);
-  s.v.resize(n * kv_dim);
-  s.att.resize(n * q_dim);
-  s.gate.resize(n * inter);
-  s.up.resize(n * inter);
-  const RopeTable& rope = rope_->table();
+  s.x.ensure(n * hidden);
+  s.xb.ensure(n * hidden);
+  s.q.ensure(n * q_dim);
+  s.k.ensure(n * kv_dim);
+  s.v.ensure(n * kv_dim);
+  s.att.ensure(n * q_dim);
+  s.gate.ensure(n * inter);
+  s.up.ensure(n * inter);
+  const RopeTable& rope = rope_table_->table();
+  const int32_t* positions = s.batch.positions();
 
   // x[n, hidden] = embedding rows of the tokens
-  DS_RETURN_IF_ERROR(vocab_.embed(backend_, *comm_, *embed_, tokens, hidden, s.x.data()));
-  const std::span<float> xb(s.xb.data(), static_cast<size_t>(n * hidden));
+  DS_RETURN_IF_ERROR(vocab_.embed(*comm_, *embed_, s.batch.tokens(), n, hidden, s.x.get()));
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
 
     // --- attention block ---
     // xb[n, hidden] = rms_norm(x)
-    backend_.rms_norm(s.x.data(), *w.attn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
+    backend_.rms_norm(s.x.get(), *w.attn_norm, c.rms_norm_eps, n, hidden, s.xb.get());
     // q[n, n_heads, head_dim], k and v [n, n_kv_heads, head_dim]
     const MatmulTarget qkv[] = {
-        {w.wq, w.bq, s.q.data()}, {w.wk, w.bk, s.k.data()}, {w.wv, w.bv, s.v.data()}};
-    backend_.matmul_many(s.xb.data(), n, qkv, 3);
-    backend_.rope(s.q.data(), n, c.n_heads, c.head_dim, positions.data(), rope,
+        {w.wq, w.bq, s.q.get()}, {w.wk, w.bk, s.k.get()}, {w.wv, w.bv, s.v.get()}};
+    backend_.matmul_many(s.xb.get(), n, qkv, 3);
+    backend_.rope(s.q.get(), n, c.n_heads, c.head_dim, positions, rope,
                   rope_pairs_interleaved_);
-    backend_.rope(s.k.data(), n, c.n_kv_heads, c.head_dim, positions.data(), rope,
+    backend_.rope(s.k.get(), n, c.n_kv_heads, c.head_dim, positions, rope,
                   rope_pairs_interleaved_);
     // att[n, n_heads, head_dim] = softmax(q kᵀ / sqrt(head_dim)) v over positions 0..p
-    attend_layer(l, s.q.data(), s.k.data(), s.v.data(), s.att.data());
+    attend_layer(l, s.q.get(), s.k.get(), s.v.get(), s.att.get());
     // xb[n, hidden] = att · Woᵀ (summed over ranks) ; x += xb
-    backend_.matmul(*w.wo, w.bo, s.att.data(), n, s.xb.data());
-    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(xb));
-    backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
+    backend_.matmul(*w.wo, w.bo, s.att.get(), n, s.xb.get());
+    DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, s.xb.get(), n * hidden));
+    backend_.add_inplace(s.x.get(), s.xb.get(), n * hidden);
 
     // --- SwiGLU MLP block ---
     // xb[n, hidden] = rms_norm(x)
-    backend_.rms_norm(s.x.data(), *w.ffn_norm, c.rms_norm_eps, n, hidden, s.xb.data());
+    backend_.rms_norm(s.x.get(), *w.ffn_norm, c.rms_norm_eps, n, hidden, s.xb.get());
     // gate, up [n, intermediate]; gate = silu(gate) * up
-    const MatmulTarget gate_up[] = {{w.w_gate, w.b_gate, s.gate.data()},
-                                    {w.w_up, w.b_up, s.up.data()}};
-    backend_.matmul_many(s.xb.data(), n, gate_up, 2);
-    backend_.silu_mul(s.gate.data(), s.up.data(), n * inter, s.gate.data());
+    const MatmulTarget gate_up[] = {{w.w_gate, w.b_gate, s.gate.get()},
+                                    {w.w_up, w.b_up, s.up.get()}};
+    backend_.matmul_many(s.xb.get(), n, gate_up, 2);
+    backend_.silu_mul(s.gate.get(), s.up.get(), n * inter, s.gate.get());
     // xb[n, hidden] = gate · Wdownᵀ (summed over ranks) ; x += xb
-    backend_.matmul(*w.w_down, w.b_down, s.gate.data(), n, s.xb.data());
-    DS_RETURN_IF_ERROR(comm_->all_reduce_sum(xb));
-    backend_.add_inplace(s.x.data(), s.xb.data(), n * hidden);
+    backend_.matmul(*w.w_down, w.b_down, s.gate.get(), n, s.xb.get());
+    DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, s.xb.get(), n * hidden));
+    backend_.add_inplace(s.x.get(), s.xb.get(), n * hidden);
   }
   return Status::Ok();
 }
 
-Status LlamaModel::compute_logits(std::span<const int32_t> rows, std::vector<float>* logits) {
+Status LlamaModel::compute_logits(int64_t n_out, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
-  const int64_t n_out = static_cast<int64_t>(rows.size());
   Scratch& s = scratch_;
   // Only the rows whose logits were asked for go through the final norm and lm_head.
-  // rows_x[n_out, hidden] = x[rows]
-  s.rows.resize(n_out * hidden);
-  for (int64_t i = 0; i < n_out; ++i) {
-    std::copy_n(s.x.data() + int64_t{rows[i]} * hidden, hidden, s.rows.data() + i * hidden);
-  }
-  // rows_x = rms_norm(rows_x)
-  backend_.rms_norm(s.rows.data(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.data());
+  // rows_x[n_out, hidden] = rms_norm(x[rows])
+  s.rows.ensure(n_out * hidden);
+  backend_.gather_rows(s.x.get(), hidden, s.batch.rows(), n_out, s.rows.get());
+  backend_.rms_norm(s.rows.get(), *final_norm_, c.rms_norm_eps, n_out, hidden, s.rows.get());
   // logits[n_out, vocab] = rows_x · lm_headᵀ (gathered over the vocabulary's ranks)
-  return vocab_.logits(backend_, *comm_, *lm_head_, s.rows.data(), n_out, logits);
+  return vocab_.logits(*comm_, *lm_head_, s.rows.get(), n_out, logits);
 }
 
 Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int32_t> positions,
@@ -385,32 +388,35 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int3
                             " tokens exceeds the context of " +
                             std::to_string(std::min(max_context_, kv.capacity())) + " tokens");
   }
-
-  DS_RETURN_IF_ERROR(run_layers(tokens, positions,
-                                [&](int l, const float* q, const float* k, const float* v, float* out) {
-                                  attend(l, q, k, v, positions, kv, out);
-                                }));
-  kv.set_n_tokens(end);
-
   std::vector<int32_t>& rows = scratch_.row_ids;
   rows.clear();
   for (int64_t t = which == LogitsFor::kLast ? n - 1 : 0; t < n; ++t) {
     rows.push_back(static_cast<int32_t>(t));
   }
-  return compute_logits(rows, logits);
+  DeviceBatch& in = scratch_.batch;
+  in.upload_sequence(tokens, positions);
+  in.upload_rows(rows);
+
+  DS_RETURN_IF_ERROR(run_layers(n, [&](int l, const float* q, const float* k, const float* v, float* out) {
+    attend(l, q, k, v, n, in.positions(), end, kv, out);
+  }));
+  kv.set_n_tokens(end);
+  return compute_logits(static_cast<int64_t>(rows.size()), logits);
 }
 
 Status LlamaModel::forward_batch(const ModelBatch& batch, PagedKvCache& cache,
                                  std::vector<float>* logits) {
   std::vector<int64_t>& slots = scratch_.slots;
-  PagedBatch pb;
+  PagedBatch host;
   DS_RETURN_IF_ERROR(resolve_paged_batch(batch, config_.vocab_size, max_context_,
-                                         cache.n_blocks(), cache.block_size(), &slots, &pb));
-  DS_RETURN_IF_ERROR(run_layers(batch.tokens, batch.positions,
+                                         cache.n_blocks(), cache.block_size(), &slots, &host));
+  DeviceBatch& in = scratch_.batch;
+  const PagedBatch pb = in.upload_paged(batch, host, slots);
+  DS_RETURN_IF_ERROR(run_layers(batch.n_tokens(),
                                 [&](int l, const float* q, const float* k, const float* v, float* out) {
-                                  attend_paged(l, q, k, v, pb, slots.data(), cache, out);
+                                  attend_paged(l, q, k, v, pb, in.slots(), cache, out);
                                 }));
-  return compute_logits(batch.logits_rows, logits);
+  return compute_logits(static_cast<int64_t>(batch.logits_rows.size()), logits);
 }
 
 }  // namespace dserve

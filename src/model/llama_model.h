@@ -112,19 +112,22 @@ class LlamaModel {
     const TensorView* b_down = nullptr;     // [hidden] or null
   };
 
-  // Activations for one batch, reused across calls (grown on demand).
+  // Activations for one batch in the backend's memory, reused across calls (grown on
+  // demand), and the step's inputs there.
   struct Scratch {
-    std::vector<float> x;          // [n, hidden]       the residual stream
-    std::vector<float> xb;         // [n, hidden]       normed input / block output
-    std::vector<float> q;          // [n, n_heads * head_dim]
-    std::vector<float> k;          // [n, n_kv_heads * head_dim]
-    std::vector<float> v;          // [n, n_kv_heads * head_dim]
-    std::vector<float> att;        // [n, n_heads * head_dim]
-    std::vector<float> gate;       // [n, intermediate]
-    std::vector<float> up;         // [n, intermediate]
-    std::vector<float> rows;       // [n_out, hidden]  rows selected for logits
-    std::vector<int64_t> slots;    // [n] paged cache slots of the batch's tokens
-    std::vector<int32_t> row_ids;  // [n_out]
+    void bind(Backend& backend);
+    DeviceArray<float> x;          // [n, hidden]       the residual stream
+    DeviceArray<float> xb;         // [n, hidden]       normed input / block output
+    DeviceArray<float> q;          // [n, n_heads * head_dim]
+    DeviceArray<float> k;          // [n, n_kv_heads * head_dim]
+    DeviceArray<float> v;          // [n, n_kv_heads * head_dim]
+    DeviceArray<float> att;        // [n, n_heads * head_dim]
+    DeviceArray<float> gate;       // [n, intermediate]
+    DeviceArray<float> up;         // [n, intermediate]
+    DeviceArray<float> rows;       // [n_out, hidden]  rows selected for logits
+    DeviceBatch batch;             // tokens, positions, slots, block tables, logits rows
+    std::vector<int64_t> slots;    // [n] host: paged cache slots of the batch's tokens
+    std::vector<int32_t> row_ids;  // [n_out] host
   };
 
   LlamaModel(std::unique_ptr<ModelFiles> files, Backend& backend, ModelConfig config);
@@ -136,20 +139,21 @@ class LlamaModel {
   // q over every position so far. The only code that knows the KV layout.
   //   q   [n, n_heads * head_dim] (rotated)   k, v [n, n_kv_heads * head_dim] (k rotated)
   //   out [n, n_heads * head_dim]
-  void attend(int layer, const float* q, const float* k, const float* v,
-              std::span<const int32_t> positions, KvCache& kv, float* out);
+  // Everything is in backend memory: the uploaded positions and slots of the step.
+  void attend(int layer, const float* q, const float* k, const float* v, int64_t n,
+              const int32_t* positions, int64_t n_kv, KvCache& kv, float* out);
   // The same seam over a paged cache: slots [n] are where the batch's keys go.
   void attend_paged(int layer, const float* q, const float* k, const float* v,
                     const PagedBatch& batch, const int64_t* slots, PagedKvCache& cache, float* out);
 
-  // The layer stack shared by forward() and forward_batch(): embeds tokens[n] at
-  // positions[n] into scratch_.x [n, hidden] and runs every layer, calling
-  // attend_layer(layer, q, k, v, out) for the attention.
+  // The layer stack shared by forward() and forward_batch(): embeds the uploaded
+  // tokens [n] (at the uploaded positions) into scratch_.x [n, hidden] and runs every
+  // layer, calling attend_layer(layer, q, k, v, out) for the attention.
   template <typename AttendFn>
-  Status run_layers(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                  AttendFn&& attend_layer);
-  // logits [rows.size(), vocab] from scratch_.x rows `rows` (final norm, lm_head).
-  Status compute_logits(std::span<const int32_t> rows, std::vector<float>* logits);
+  Status run_layers(int64_t n, AttendFn&& attend_layer);
+  // logits [n_out, vocab] (host) from scratch_.x at the uploaded rows (final norm,
+  // lm_head).
+  Status compute_logits(int64_t n_out, std::vector<float>* logits);
   Status check_tokens(std::span<const int32_t> tokens) const;
 
   std::unique_ptr<ModelFiles> files_;
@@ -164,6 +168,7 @@ class LlamaModel {
   int64_t max_context_ = 0;
   bool rope_pairs_interleaved_ = false;
   std::unique_ptr<RopeCache> rope_;
+  std::unique_ptr<DeviceRopeTable> rope_table_;  // rope_'s table in backend memory
 
   const TensorView* embed_ = nullptr;       // [vocab, hidden]
   const TensorView* final_norm_ = nullptr;  // [hidden]

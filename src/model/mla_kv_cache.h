@@ -7,14 +7,17 @@
 // For DeepSeek-V3 that is 512 + 64 = 576 floats per token and layer, against
 // 2 x 128 heads x 192 for the expanded keys and values.
 //
-// Memory comes from alloc_huge() (2 MiB aligned, transparent huge pages advised).
+// Memory is the Backend's (backend.h), which alone reads and writes it: one buffer
+// (MlaKvCache), or one per layer (PagedMlaCache).
 //
 // Thread-safety: not thread-safe; owned by whoever drives the sequence.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "backend/backend.h"
 #include "model/deepseek_config.h"
 #include "model/model_batch.h"
 
@@ -22,8 +25,7 @@ namespace dserve {
 
 class MlaKvCache {
  public:
-  MlaKvCache(const DeepseekConfig& config, int64_t capacity);
-  ~MlaKvCache();
+  MlaKvCache(Backend& backend, const DeepseekConfig& config, int64_t capacity);
   MlaKvCache(const MlaKvCache&) = delete;
   MlaKvCache& operator=(const MlaKvCache&) = delete;
 
@@ -34,7 +36,10 @@ class MlaKvCache {
   void set_n_tokens(int64_t n) { n_tokens_ = n; }
 
   int row_dim() const { return row_dim_; }  // kv_lora_rank + qk_rope_head_dim
-  float* latent(int layer) { return data_ + static_cast<int64_t>(layer) * capacity_ * row_dim_; }
+  // [capacity, row_dim] in backend memory
+  float* latent(int layer) {
+    return storage_.as<float>() + static_cast<int64_t>(layer) * capacity_ * row_dim_;
+  }
 
   // (kv_lora_rank + qk_rope_head_dim) x layers x sizeof(float).
   size_t bytes_per_token() const {
@@ -48,7 +53,7 @@ class MlaKvCache {
   int64_t capacity_;
   int64_t n_tokens_ = 0;
   size_t bytes_;
-  float* data_;
+  BackendBuffer storage_;
 };
 
 // PagedMlaCache: the latents of many sequences in blocks of block_size token slots for
@@ -58,8 +63,8 @@ class MlaKvCache {
 // p % block_size (backend.h). Same rows as MlaKvCache.
 class PagedMlaCache final : public PagedCache {
  public:
-  PagedMlaCache(const DeepseekConfig& config, int n_blocks, int block_size, DType dtype);
-  ~PagedMlaCache() override;
+  PagedMlaCache(Backend& backend, const DeepseekConfig& config, int n_blocks, int block_size,
+                DType dtype);
   PagedMlaCache(const PagedMlaCache&) = delete;
   PagedMlaCache& operator=(const PagedMlaCache&) = delete;
 
@@ -77,7 +82,7 @@ class PagedMlaCache final : public PagedCache {
 
   int row_dim() const { return row_dim_; }
   // [n_slots, row_dim] elements of dtype()
-  void* latent(int layer) { return data_ + static_cast<int64_t>(layer) * n_slots() * row_bytes(); }
+  void* latent(int layer) { return layers_[layer].data(); }
 
  private:
   int64_t n_slots() const { return int64_t{n_blocks_} * block_size_; }
@@ -89,7 +94,8 @@ class PagedMlaCache final : public PagedCache {
   int block_size_;
   DType dtype_;
   size_t bytes_;
-  char* data_;
+  Backend& backend_;
+  std::vector<BackendBuffer> layers_;  // [n_layers], one buffer each (see PagedKvCache)
 };
 
 }  // namespace dserve

@@ -50,4 +50,42 @@ Status resolve_paged_batch(const ModelBatch& batch, int64_t vocab_size, int64_t 
   return Status::Ok();
 }
 
+void DeviceBatch::bind(Backend& backend) {
+  backend_ = &backend;
+  for (DeviceArray<int32_t>* a : {&tokens_, &positions_, &seq_of_token_, &block_tables_, &rows_}) {
+    a->bind(&backend);
+  }
+  block_table_offsets_.bind(&backend);
+  slots_.bind(&backend);
+}
+
+PagedBatch DeviceBatch::upload_paged(const ModelBatch& batch, const PagedBatch& paged,
+                                     std::span<const int64_t> slots) {
+  const int64_t n = batch.n_tokens();
+  PagedBatch dev = paged;
+  tokens_.upload(batch.tokens.data(), n);
+  dev.positions = positions_.upload(batch.positions.data(), n);
+  dev.seq_of_token = seq_of_token_.upload(batch.seq_of_token.data(), n);
+  dev.block_tables = block_tables_.upload(batch.block_tables.data(),
+                                          static_cast<int64_t>(batch.block_tables.size()));
+  dev.block_table_offsets = block_table_offsets_.upload(
+      batch.block_table_offsets.data(), static_cast<int64_t>(batch.block_table_offsets.size()));
+  slots_.upload(slots.data(), n);
+  upload_rows(batch.logits_rows);
+  return dev;
+}
+
+void DeviceBatch::upload_sequence(std::span<const int32_t> tokens,
+                                  std::span<const int32_t> positions) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  tokens_.upload(tokens.data(), n);
+  positions_.upload(positions.data(), n);
+  host_slots_.assign(positions.begin(), positions.end());
+  slots_.upload(host_slots_.data(), n);
+}
+
+void DeviceBatch::upload_rows(std::span<const int32_t> rows) {
+  rows_.upload(rows.data(), static_cast<int64_t>(rows.size()));
+}
+
 }  // namespace dserve

@@ -41,6 +41,32 @@ Status resolve_paged_batch(const ModelBatch& batch, int64_t vocab_size, int64_t 
                            int n_cache_blocks, int block_size, std::vector<int64_t>* slots,
                            PagedBatch* paged);
 
+// A step's inputs in the backend's memory, uploaded once before the first layer: the
+// only host-to-backend traffic of a forward (the logits' download is its output).
+class DeviceBatch {
+ public:
+  void bind(Backend& backend);
+  // A ragged batch checked and resolved by resolve_paged_batch (host `paged` and
+  // `slots`): returns the same PagedBatch over backend copies of its arrays.
+  PagedBatch upload_paged(const ModelBatch& batch, const PagedBatch& paged,
+                          std::span<const int64_t> slots);
+  // One sequence's tokens at `positions` (its cache slot = its position).
+  void upload_sequence(std::span<const int32_t> tokens, std::span<const int32_t> positions);
+  // The rows whose logits the step returns.
+  void upload_rows(std::span<const int32_t> rows);
+
+  const int32_t* tokens() const { return tokens_.get(); }
+  const int32_t* positions() const { return positions_.get(); }
+  const int64_t* slots() const { return slots_.get(); }
+  const int32_t* rows() const { return rows_.get(); }
+
+ private:
+  Backend* backend_ = nullptr;
+  DeviceArray<int32_t> tokens_, positions_, seq_of_token_, block_tables_, rows_;
+  DeviceArray<int64_t> block_table_offsets_, slots_;
+  std::vector<int64_t> host_slots_;
+};
+
 // The element types a paged KV cache can hold (Backend::kv_store and paged_attention
 // read and write them): F32, or F16 for half the memory traffic and twice the tokens.
 inline bool is_kv_cache_dtype(DType t) { return t == DType::kF32 || t == DType::kF16; }

@@ -6,14 +6,17 @@
 // belong to whom is the KvCacheManager's business; this class only holds the tensors,
 // which the Backend's kv_store / paged_attention read and write with dtype().
 //
-// Memory comes from alloc_huge() (2 MiB aligned, transparent huge pages advised).
+// Memory is one buffer of the Backend's (backend.h) per layer, so that an operation on
+// one layer's pool hands the backend only that layer; block copies are backend copies.
 //
 // Thread-safety: not thread-safe; owned by the engine thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/model_batch.h"
 
@@ -22,8 +25,8 @@ namespace dserve {
 class PagedKvCache final : public PagedCache {
  public:
   // n_blocks >= 1, block_size >= 1, dtype F32 or F16 (checked).
-  PagedKvCache(const ModelConfig& config, int n_blocks, int block_size, DType dtype);
-  ~PagedKvCache() override;
+  PagedKvCache(Backend& backend, const ModelConfig& config, int n_blocks, int block_size,
+               DType dtype);
   PagedKvCache(const PagedKvCache&) = delete;
   PagedKvCache& operator=(const PagedKvCache&) = delete;
 
@@ -42,9 +45,9 @@ class PagedKvCache final : public PagedCache {
   void copy_block(int src, int dst, int n_tokens) override;
 
   int64_t kv_dim() const { return kv_dim_; }
-  // [n_slots, kv_dim] elements of dtype()
-  void* k(int layer) { return data_ + layer_offset(layer); }
-  void* v(int layer) { return data_ + layer_offset(layer) + n_slots() * row_bytes(); }
+  // [n_slots, kv_dim] elements of dtype(), in backend memory
+  void* k(int layer) { return layers_[layer].as<char>(); }
+  void* v(int layer) { return layers_[layer].as<char>() + n_slots() * row_bytes(); }
 
  private:
   int64_t n_slots() const { return int64_t{n_blocks_} * block_size_; }
@@ -57,7 +60,8 @@ class PagedKvCache final : public PagedCache {
   int block_size_;
   DType dtype_;
   size_t bytes_;
-  char* data_;
+  Backend& backend_;
+  std::vector<BackendBuffer> layers_;  // [n_layers]: k [n_slots, kv_dim], then v
 };
 
 }  // namespace dserve

@@ -133,4 +133,16 @@ RopeCache::RopeCache(const RopeConfig& rope, int64_t n_positions,
   table_.sin = sin_.data();
 }
 
+DeviceRopeTable::DeviceRopeTable(Backend& backend, const RopeCache& cache) {
+  const RopeTable& host = cache.table();
+  const size_t bytes = static_cast<size_t>(host.n_positions) * (host.rotary_dim / 2) * sizeof(float);
+  cos_ = backend.alloc(bytes);
+  sin_ = backend.alloc(bytes);
+  backend.upload(cos_.data(), host.cos, bytes);
+  backend.upload(sin_.data(), host.sin, bytes);
+  table_ = host;
+  table_.cos = cos_.as<float>();
+  table_.sin = sin_.as<float>();
+}
+
 }  // namespace dserve

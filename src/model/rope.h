@@ -32,12 +32,24 @@ class RopeCache {
   RopeCache(const RopeCache&) = delete;
   RopeCache& operator=(const RopeCache&) = delete;
 
+  // The table in host memory (for tests and for device_table()).
   const RopeTable& table() const { return table_; }
   const RopeFrequencies& frequencies() const { return freqs_; }
 
  private:
   RopeFrequencies freqs_;
   std::vector<float> cos_, sin_;  // [n_positions, rotary_dim / 2]
+  RopeTable table_;
+};
+
+// A RopeCache's table copied into a backend's memory, where Backend::rope reads it.
+class DeviceRopeTable {
+ public:
+  DeviceRopeTable(Backend& backend, const RopeCache& cache);
+  const RopeTable& table() const { return table_; }
+
+ private:
+  BackendBuffer cos_, sin_;
   RopeTable table_;
 };
 

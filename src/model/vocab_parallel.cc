@@ -4,68 +4,61 @@
 
 namespace dserve {
 
-void VocabParallel::init(int64_t vocab_size, int rank, int n_ranks) {
+void VocabParallel::init(Backend& backend, int64_t vocab_size, int rank, int n_ranks) {
+  backend_ = &backend;
+  logits_.bind(&backend);
+  local_logits_.bind(&backend);
+  gathered_.bind(&backend);
   vocab_size_ = vocab_size;
   per_rank_ = (vocab_size + n_ranks - 1) / n_ranks;
   begin_ = std::min<int64_t>(vocab_size, rank * per_rank_);
   end_ = std::min<int64_t>(vocab_size, begin_ + per_rank_);
 }
 
-Status VocabParallel::embed(Backend& backend, dist::Communicator& comm, const TensorView& table,
-                            std::span<const int32_t> tokens, int64_t hidden, float* x) {
-  const int64_t n = static_cast<int64_t>(tokens.size());
+Status VocabParallel::embed(dist::Communicator& comm, const TensorView& table,
+                            const int32_t* tokens, int64_t n, int64_t hidden, float* x) {
   if (comm.size() == 1) {
-    backend.get_rows(table, tokens.data(), n, x);
+    backend_->get_rows(table, tokens, n, x);
     return Status::Ok();
   }
-  embed_ids_.clear();
-  embed_at_.clear();
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] >= begin_ && tokens[t] < end_) {
-      embed_ids_.push_back(static_cast<int32_t>(tokens[t] - begin_));
-      embed_at_.push_back(static_cast<int32_t>(t));
-    }
-  }
-  std::fill_n(x, n * hidden, 0.0f);
-  const int64_t k = static_cast<int64_t>(embed_ids_.size());
-  if (k > 0) {
-    embed_rows_.resize(k * hidden);
-    backend.get_rows(table, embed_ids_.data(), k, embed_rows_.data());
-    for (int64_t i = 0; i < k; ++i) {
-      std::copy_n(embed_rows_.data() + i * hidden, hidden, x + int64_t{embed_at_[i]} * hidden);
-    }
-  }
-  return comm.all_reduce_sum({x, static_cast<size_t>(n * hidden)});
+  // This rank's rows, zeros for the other ranks' tokens; the all-reduce fills them in.
+  backend_->get_rows_shard(table, tokens, n, begin_, x);
+  return backend_->all_reduce_sum(comm, x, n * hidden);
 }
 
-Status VocabParallel::logits(Backend& backend, dist::Communicator& comm, const TensorView& lm_head,
+Status VocabParallel::logits(dist::Communicator& comm, const TensorView& lm_head,
                              const float* rows, int64_t n_out, std::vector<float>* out) {
   out->resize(static_cast<size_t>(n_out * vocab_size_));
   const int n_ranks = comm.size();
   if (n_out == 0) return Status::Ok();  // every rank has the same n_out: all skip together
   if (n_ranks == 1) {
-    backend.matmul(lm_head, nullptr, rows, n_out, out->data());
+    float* logits = logits_.ensure(n_out * vocab_size_);
+    backend_->matmul(lm_head, nullptr, rows, n_out, logits);
+    backend_->download(out->data(), logits, out->size() * sizeof(float));
     return Status::Ok();
   }
-  // local [n_out, per_rank] (padding columns past the vocabulary unused), gathered as
-  // [n_ranks, n_out, per_rank], then laid out by vocabulary id.
+  // local [n_out, per_rank] (padding columns past the vocabulary zero), gathered as
+  // [n_ranks, n_out, per_rank], then laid out by vocabulary id on the host.
   const int64_t vl = per_rank_, mine = end_ - begin_;
-  local_logits_.assign(static_cast<size_t>(n_out * vl), 0.0f);
+  float* local = local_logits_.ensure(n_out * vl);
+  backend_->fill_zero(local, static_cast<size_t>(n_out * vl) * sizeof(float));
   if (mine > 0) {
-    gathered_.resize(static_cast<size_t>(n_out * mine));
-    backend.matmul(lm_head, nullptr, rows, n_out, gathered_.data());
-    for (int64_t i = 0; i < n_out; ++i) {
-      std::copy_n(gathered_.data() + i * mine, mine, local_logits_.data() + i * vl);
-    }
+    float* logits = logits_.ensure(n_out * mine);
+    backend_->matmul(lm_head, nullptr, rows, n_out, logits);
+    backend_->copy_strided(local, logits,
+                           {.n0 = n_out, .n1 = 1, .len = mine, .dst_stride0 = vl, .src_stride0 = mine});
   }
-  gathered_.resize(static_cast<size_t>(n_ranks * n_out * vl));
-  DS_RETURN_IF_ERROR(comm.all_gather(std::as_bytes(std::span<const float>(local_logits_)),
-                                     std::as_writable_bytes(std::span<float>(gathered_))));
+  float* gathered = gathered_.ensure(n_ranks * n_out * vl);
+  DS_RETURN_IF_ERROR(backend_->all_gather(comm, local, static_cast<size_t>(n_out * vl) * sizeof(float),
+                                          gathered));
+  host_gathered_.resize(static_cast<size_t>(n_ranks * n_out * vl));
+  backend_->download(host_gathered_.data(), gathered, host_gathered_.size() * sizeof(float));
   for (int r = 0; r < n_ranks; ++r) {
     const int64_t begin = std::min<int64_t>(vocab_size_, r * vl);
     const int64_t count = std::min<int64_t>(vocab_size_, begin + vl) - begin;
     for (int64_t i = 0; i < n_out && count > 0; ++i) {
-      std::copy_n(gathered_.data() + (int64_t{r} * n_out + i) * vl, count, out->data() + i * vocab_size_ + begin);
+      std::copy_n(host_gathered_.data() + (int64_t{r} * n_out + i) * vl, count,
+                  out->data() + i * vocab_size_ + begin);
     }
   }
   return Status::Ok();

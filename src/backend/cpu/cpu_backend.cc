@@ -3,6 +3,8 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <string>
 
 #include "base/check.h"
@@ -10,6 +12,11 @@
 #include "tensor/dequantize.h"
 
 namespace dserve {
+
+bool check_memory_from_environment() {
+  const char* check = std::getenv("DSERVE_CHECK_BACKEND_MEMORY");
+  return check != nullptr && std::string_view(check) == "1";
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
   cpu::CpuIsa isa = cpu::best_isa();
@@ -27,6 +34,10 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
   auto backend = std::make_unique<cpu::CpuBackend>(isa, options.n_threads, options.pin_threads);
   DS_LOG_INFO("CPU kernels: {} (this machine has: {})", backend->name(),
               cpu::supported_isas_text());
+  if (options.check_memory) {
+    DS_LOG_INFO("checking backend: backend memory is unreadable outside backend operations");
+    return make_checking_backend(std::move(backend));
+  }
   return backend;
 }
 
@@ -57,20 +68,31 @@ const float* CpuBackend::as_f32(const TensorView& t, ScratchBuffer& buf) {
 
 void CpuBackend::get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
                           float* out) {
-  const int64_t len = table.row_length();
   const int64_t n_rows = table.n_rows();
   for (int64_t i = 0; i < n_ids; ++i) {
     DS_CHECK_MSG(ids[i] >= 0 && ids[i] < n_rows, "row id %d out of range [0, %lld)", ids[i],
                  static_cast<long long>(n_rows));
   }
+  get_rows_shard(table, ids, n_ids, 0, out);
+}
+
+void CpuBackend::get_rows_shard(const TensorView& table, const int32_t* ids, int64_t n_ids,
+                                int64_t first_id, float* out) {
+  const int64_t len = table.row_length();
+  const int64_t n_rows = table.n_rows();
   auto rows = [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
-      dequantize_row(table.dtype, table.row(ids[i]), out + i * len, len);
+      const int64_t id = int64_t{ids[i]} - first_id;
+      if (id < 0 || id >= n_rows) {  // another vocabulary shard's row
+        std::fill_n(out + i * len, len, 0.0f);
+        continue;
+      }
+      dequantize_row(table.dtype, table.row(id), out + i * len, len);
       if (table.row_scales != nullptr) {  // I8 rows: their values times the row's scale
-        for (int64_t j = 0; j < len; ++j) out[i * len + j] *= table.row_scales[ids[i]];
+        for (int64_t j = 0; j < len; ++j) out[i * len + j] *= table.row_scales[id];
       }
       if (table.block_scales.data != nullptr) {  // FP8 rows: times their blocks' scales
-        for (int64_t j = 0; j < len; ++j) out[i * len + j] *= table.block_scales.at(ids[i], j);
+        for (int64_t j = 0; j < len; ++j) out[i * len + j] *= table.block_scales.at(id, j);
       }
     }
   };

@@ -36,8 +36,25 @@ class CpuBackend final : public Backend {
   void prepare_matmul_weight(const TensorView& w) override;
   int64_t prepared_weight_bytes() const override { return prepared_bytes_; }
   ThreadPool* host_thread_pool() override { return &pool_; }
+  // Memory ops, in memory.cc: host memory (alloc_huge), transfers are copies.
+  BackendBuffer alloc(size_t bytes) override;
+  void release(void* data, size_t bytes) override;
+  void upload(void* dst, const void* src, size_t bytes) override;
+  void download(void* dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void fill_zero(void* dst, size_t bytes) override;
+  void copy_strided(float* dst, const float* src, const StridedCopy& shape) override;
+  void gather_rows(const float* x, int64_t row_length, const int32_t* rows, int64_t n,
+                   float* out) override;
   void get_rows(const TensorView& table, const int32_t* ids, int64_t n_ids,
                 float* out) override;
+  void get_rows_shard(const TensorView& table, const int32_t* ids, int64_t n_ids,
+                      int64_t first_id, float* out) override;
+  // Mixture-of-experts ops, in moe.cc.
+  void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& routing, int32_t* ids,
+                 float* weights) override;
+  void moe_experts(const float* x, int64_t n_tokens, const int32_t* ids, const float* weights,
+                   int k, const MoeExperts& experts, float* out, int64_t* counters) override;
   void rms_norm(const float* x, const TensorView& weight, float eps, int64_t n_tokens,
                 int64_t n, float* out) override;
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
@@ -91,6 +108,14 @@ class CpuBackend final : public Backend {
   ScratchBuffer matmul_tasks_;              // matmul_grouped's task list
   ScratchBuffer matmul_plan_;               // and its per-target / per-group plan
   ScratchBuffer param_;                     // float copies of norm weights / biases
+  // moe_experts' per-call buffers: slots sorted by expert, their inputs, activations.
+  struct MoeScratch {
+    std::vector<int64_t> start, fill, slot_token;
+    std::vector<float> slot_weight;
+    ScratchBuffer expert_in, gate, up, expert_out;
+    std::vector<MatmulTarget> gate_up, down;
+    std::vector<MatmulGroup> groups;
+  } moe_;
   std::vector<ScratchBuffer> per_thread_;  // [n_threads] attention scores etc.
 
   // paged_attention's steps, in paged_attention.cc, which defines PagedAttentionCall:

@@ -58,7 +58,10 @@ TEST(DeepseekConfigTest, ParsesV3) {
 TEST(DeepseekConfigTest, LatentKvCacheSize) {
   Result<DeepseekConfig> r = DeepseekConfig::from_hf_json(v3_json(), nullptr);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  MlaKvCache kv(*r, 16);
+  CpuBackendOptions options;
+  options.n_threads = 1;
+  std::unique_ptr<Backend> backend = make_cpu_backend(options);
+  MlaKvCache kv(*backend, *r, 16);
   // (kv_lora_rank + qk_rope_head_dim) x layers x sizeof(float): 576 x 61 x 4.
   EXPECT_EQ(kv.bytes_per_token(), size_t{576} * 61 * 4);
   EXPECT_EQ(kv.total_bytes(), kv.bytes_per_token() * 16);
