@@ -200,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(AllIsas, BackendMemoryTest,
 
 // The checking backend makes host access to its memory die at the access, and refuses
 // host arrays handed to its operations by name.
-TEST(CheckingBackendTest, HostAccessToBackendMemoryDies) {
+TEST(CheckingBackendDeathTest, HostAccessToBackendMemoryDies) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto make = [] { return backend_for({cpu::CpuIsa::kScalar, 1}, true); };
   EXPECT_DEATH(
