@@ -1,9 +1,6 @@
 #include "model/mla_kv_cache.h"
 
-#include <cstring>
-
 #include "base/check.h"
-#include "base/mapped_file.h"
 
 namespace dserve {
 

@@ -5,18 +5,13 @@
 
 #include "server/random_id.h"
 #include "server/serving.h"
+#include "server/unix_time.h"
 
 namespace dserve::server {
 
 using json = nlohmann::ordered_json;
 
 namespace {
-
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string string_or_empty(const json& j, const char* key) {
   auto it = j.find(key);

@@ -12,6 +12,7 @@
 #include "server/responses_protocol.h"
 #include "grammar/structured_output.h"
 #include "server/tool_output.h"
+#include "server/unix_time.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve::server {
@@ -19,12 +20,6 @@ namespace dserve::server {
 using json = nlohmann::ordered_json;
 
 namespace {
-
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // JSON cannot carry -inf; vLLM reports -9999.0 for impossible tokens.
 double finite_logprob(float lp) { return std::isfinite(lp) ? lp : -9999.0; }

@@ -1,5 +1,6 @@
 """Starting and stopping `dserve serve` for tests (used by the server and bench tests)."""
 import contextlib
+import json
 import os
 import random
 import signal
@@ -131,3 +132,15 @@ def running(dserve_bin, model, *args, log_path, **kw):
         yield server
     finally:
         stop(server)
+
+
+def post_json(server, path, body, timeout=120):
+    """POSTs body as JSON to server's path: (HTTP status, decoded JSON reply), error
+    statuses included (requests the SDKs would refuse to send, or raise on)."""
+    req = urllib.request.Request(server.base_url + path, data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

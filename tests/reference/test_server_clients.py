@@ -3,10 +3,8 @@ found in `dserve serve`, each checked through the openai SDK or raw HTTP
 against a reference: transformers' tokenizer for the default model (what the stop
 token is, how many tokens a text is), prometheus_client's parser for /metrics, the
 gguf package to write a model file with a huge context_length."""
-import json
 import shutil
 import subprocess
-import urllib.request
 
 import openai
 import pytest
@@ -42,14 +40,7 @@ def hf_tokenizer(default_model):
                                                       gguf_file=default_model.name)
 
 
-def raw_post(server, path, body):
-    req = urllib.request.Request(server.base_url + path, data=json.dumps(body).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+raw_post = server_util.post_json
 
 
 # ---- 1. a generated eos is output, with its logprob, and counted -------------------

@@ -5,8 +5,6 @@ banned (-100), greedy and sampled; a boosted token (+100) is all the output; the
 logprobs stay those of the unbiased model (vLLM v1's default `raw_logprobs`)."""
 import asyncio
 import collections
-import json
-import urllib.request
 
 import openai
 import pytest
@@ -33,14 +31,7 @@ def client(server):
                          timeout=300)
 
 
-def post(server, path, body):
-    req = urllib.request.Request(server.base_url + path, data=json.dumps(body).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+post = server_util.post_json
 
 
 def token_id(server, text):

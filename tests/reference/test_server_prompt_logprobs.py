@@ -4,9 +4,7 @@ transformers' log-softmax of the same prompt tokens (the cached fixture of
 test_smollm2_reference: the Q4_1 model with int8-quantised activations is close to it,
 not equal), transformers' tokenizer for `decoded_token`, and the completions endpoint's
 own echo + logprobs scoring, which must agree entry for entry."""
-import json
 import math
-import urllib.request
 
 import openai
 import pytest
@@ -35,14 +33,7 @@ def client(server):
                          timeout=300)
 
 
-def post(server, path, body):
-    req = urllib.request.Request(server.base_url + path, data=json.dumps(body).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+post = server_util.post_json
 
 
 def check_structure(prompt_logprobs, ids, n_top):

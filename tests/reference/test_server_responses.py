@@ -8,7 +8,6 @@ structured output and tool arguments, and the Agents SDK's run loop for a tool r
 import asyncio
 import json
 import re
-import urllib.request
 
 import jsonschema
 import openai
@@ -64,13 +63,7 @@ def prompt_tokens(messages, **kw) -> int:
 
 
 def raw_post(server, body: dict):
-    req = urllib.request.Request(server.base_url + "/v1/responses", data=json.dumps(body).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return server_util.post_json(server, "/v1/responses", body, timeout=60)
 
 
 def check_usage_and_status(r: Response, max_output_tokens: int):
