@@ -85,6 +85,11 @@ class EngineObserver {
   // finish_reason: "stop", "length", "abort" or "error".
   virtual void on_finished(const std::string& finish_reason, int n_prompt_tokens,
                            int n_generated_tokens, double seconds_since_arrival) {}
+  // The engine can serve no more: it failed, or (a data-parallel engine on another
+  // node) its node stopped answering or it stopped stepping; `why` says which.
+  virtual void on_engine_lost(const std::string& why) {}
+  // A lost data-parallel engine is back: its node was restarted and joined again.
+  virtual void on_engine_joined() {}
 };
 
 class AsyncLlm : public EngineClient {

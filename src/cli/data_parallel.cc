@@ -28,6 +28,15 @@ void add_data_parallel_options(CLI::App* cmd, DataParallelOptions* o) {
   cmd->add_flag("--headless", o->headless,
                 "run this node's engines only (no API server), serving the API server at "
                 "--data-parallel-address:--data-parallel-rpc-port");
+  cmd->add_option("--engine-heartbeat-timeout", o->heartbeat_timeout_s,
+                  "seconds without a message after which the API server declares a headless node "
+                  "lost (its engines' requests move to the engines left, or end with an error), and "
+                  "a headless node gives up on a silent API server")
+      ->capture_default_str();
+  cmd->add_option("--engine-step-timeout", o->step_timeout_s,
+                  "seconds a headless node's engine with unfinished requests may go without "
+                  "finishing a step before the API server declares it lost (hung, or too slow)")
+      ->capture_default_str();
   cmd->add_option("--additional-config", o->additional_config,
                   "a JSON object of platform-specific settings (vLLM's); dserve's CPU backend "
                   "uses none of them and logs each key as ignored");
@@ -42,6 +51,14 @@ Status validate_data_parallel(DataParallelOptions* o, int tensor_parallel_size) 
     for (const auto& [key, value] : j.items()) {
       DS_LOG_WARN("--additional-config: \"{}\" ignored (a platform-specific setting; it means "
                   "nothing to dserve's CPU backend)", key);
+    }
+  }
+  for (const auto& [flag, value] : {std::pair{"--engine-heartbeat-timeout", o->heartbeat_timeout_s},
+                                    std::pair{"--engine-step-timeout", o->step_timeout_s}}) {
+    // A deadline under a tenth of a second would fire on a busy machine's scheduling delays.
+    if (!(value >= 0.1) || !(value <= 86400)) {
+      return invalid_argument(std::string(flag) + " " + fmt::format("{}", value) +
+                              ": must be between 0.1 and 86400 seconds");
     }
   }
   if (o->size_local < 0) o->size_local = o->headless ? 1 : o->size;

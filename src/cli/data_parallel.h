@@ -6,6 +6,9 @@
 //   --data-parallel-address A     the API server's node, where headless nodes connect
 //   --data-parallel-rpc-port P    the port the API server's node listens on for them
 //   --headless                    run engines only, serving the API server at A:P
+//   --engine-heartbeat-timeout S  a node (or the API server) silent this long is lost
+//   --engine-step-timeout S       an engine with work that finishes no step this long
+//                                 is lost (engine/node_watch.h)
 // and --additional-config
 // (JSON; vLLM's platform-specific settings, which mean nothing to the CPU backend: each
 // key is logged as ignored). --enable-expert-parallel is a tensor-parallel flag
@@ -34,6 +37,8 @@ struct DataParallelOptions {
   std::string address;
   int rpc_port = 29550;  // vLLM's default
   bool headless = false;
+  double heartbeat_timeout_s = 3.0;
+  double step_timeout_s = 60.0;
   bool enable_expert_parallel = false;  // --enable-expert-parallel (a tensor-parallel flag), copied
   std::string additional_config;  // JSON object
 };

@@ -355,6 +355,7 @@ int run_headless(const ServeOptions& o, const std::string& model_path, const Llm
   hc.n_engines = o.dp.size_local;
   hc.node = node;
   hc.startup_timeout_s = o.tp.timeout_s;
+  hc.heartbeat_timeout_s = o.dp.heartbeat_timeout_s;
   hc.lockstep = !expert_comms->empty();
   HeadlessEngines headless(hc);
   EngineLoaders loaders;  // outlives the engines
@@ -494,6 +495,7 @@ DpEngineClientConfig dp_client_config(const ServeOptions& o, const engine_msg::N
   dc.rpc_port = o.dp.rpc_port;
   dc.node = node;
   dc.startup_timeout_s = o.tp.timeout_s;
+  dc.deadlines = {o.dp.heartbeat_timeout_s, o.dp.step_timeout_s};
   dc.lockstep = lockstep;
   dc.observer = [&metrics](int rank) { return metrics.engine(rank); };
   return dc;

@@ -311,6 +311,7 @@ void AsyncLlm::fail(const Status& error) {
     std::lock_guard<std::mutex> lock(mu_);
     failed_ = true;
   }
+  if (observer_) observer_->on_engine_lost("engine step failed: " + error.message());
   std::vector<RequestId> ids;
   for (const auto& [id, p] : *pending_) ids.push_back(id);
   for (RequestId id : ids) finish(id, "error", error.message());

@@ -1,45 +1,26 @@
+// DpEngineClient's requests: placement on the least-loaded live engine, the way back of
+// their deltas, aborts, and the moves of requests whose engine was lost. The nodes'
+// side (socket, hello, liveness) is in dp_engine_client_nodes.cc.
 #include "engine/dp_engine_client.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
+#include <climits>
 
 #include "base/log.h"
+#include "engine/dp_engine_client_state.h"
 
 namespace dserve {
 
-using Clock = std::chrono::steady_clock;
 namespace msg = engine_msg;
 
-struct DpEngineClient::Socket {
-  zmq::context_t context{1};
-  zmq::socket_t router{context, zmq::socket_type::router};
-};
-
-// A remote engine, once its node said hello.
-struct DpEngineClient::Remote {
-  std::string node;      // the node's ZeroMQ identity; empty until connected
-  bool alive = false;
-  int64_t n_unfinished = 0;
-  EngineObserver* observer = nullptr;
-};
-
-struct DpEngineClient::Node {
-  std::string name;  // host:pid
-  std::vector<int> ranks;
-  Clock::time_point last_seen;
-  bool dead = false;
-};
-
-struct DpEngineClient::Sequence {
-  std::shared_ptr<OutputQueue> queue;
-  int index = 0;  // the caller's
-  int rank = 0;
-  RequestId engine_id = 0;  // the engine's id, once it took the request (ids start at 1)
-};
+namespace {
+// How many times one request may move to another engine: a request that every engine
+// fails on (a "query of death") must not take them all down one after the other.
+constexpr int kMaxMoves = 3;
+}  // namespace
 
 Result<std::unique_ptr<DpEngineClient>> DpEngineClient::create(
     DpEngineClientConfig config, std::vector<std::unique_ptr<AsyncLlm>> local) {
@@ -48,39 +29,37 @@ Result<std::unique_ptr<DpEngineClient>> DpEngineClient::create(
     return invalid_argument("more local engines than --data-parallel-size");
   const bool remote = static_cast<int>(local.size()) < config.data_parallel_size;
   std::unique_ptr<DpEngineClient> c(new DpEngineClient(std::move(config), std::move(local)));
-  if (!remote) return c;  // one node: no socket
-  if (Status s = c->bind(); !s.ok()) return s;
-  c->thread_ = std::thread([p = c.get()] { p->run(); });
+  if (remote) {
+    if (Status s = c->bind(); !s.ok()) return s;
+  }
+  try {
+    c->retry_thread_ = std::thread([p = c.get()] { p->retry_loop(); });
+    if (remote) c->thread_ = std::thread([p = c.get()] { p->run(); });
+  } catch (const std::system_error& e) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("cannot start the data-parallel client's threads: ") + e.what());
+  }
   return c;
 }
 
 DpEngineClient::DpEngineClient(DpEngineClientConfig config,
                                std::vector<std::unique_ptr<AsyncLlm>> local)
     : config_(std::move(config)), local_(std::move(local)) {
-  remotes_.resize(config_.data_parallel_size);
-  for (int r = static_cast<int>(local_.size()); r < config_.data_parallel_size; ++r) {
-    remotes_[r] = std::make_unique<Remote>();
-    if (config_.observer) remotes_[r]->observer = config_.observer(r);
+  const int n = config_.data_parallel_size;
+  remotes_.resize(n);
+  n_unfinished_.assign(n, 0);
+  for (int r = 0; r < n; ++r) {
+    observers_.push_back(config_.observer ? config_.observer(r) : nullptr);
+    if (!local_rank(r)) remotes_[r] = std::make_unique<Remote>();
   }
-}
-
-Status DpEngineClient::bind() {
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) return io_error("eventfd failed");
-  socket_ = std::make_unique<Socket>();
-  try {
-    socket_->router.set(zmq::sockopt::linger, 200);
-    // No high-water mark: a message over it would be dropped (sends never block here).
-    socket_->router.set(zmq::sockopt::sndhwm, 0);
-    socket_->router.set(zmq::sockopt::rcvhwm, 0);
-    socket_->router.bind("tcp://*:" + std::to_string(config_.rpc_port));
-  } catch (const zmq::error_t& e) {
-    return io_error("--data-parallel-rpc-port " + std::to_string(config_.rpc_port) +
-                    ": cannot bind (" + e.what() + ")");
+  for (size_t r = 0; r < local_.size(); ++r) {
+    // Pushed on the engine's thread and delivered there at once (no thread in between).
+    local_outputs_.push_back(std::make_shared<OutputQueue>([this, r] {
+      std::vector<OutputDelta> deltas = local_outputs_[r]->pop(std::chrono::milliseconds(0));
+      std::lock_guard<std::mutex> lock(mu_);
+      for (OutputDelta& d : deltas) deliver(static_cast<int>(r), std::move(d));
+    }));
   }
-  DS_LOG_INFO("data parallel: {} engine(s) here, waiting for ranks {}..{} on port {}",
-              local_.size(), local_.size(), config_.data_parallel_size - 1, config_.rpc_port);
-  return Status::Ok();
 }
 
 DpEngineClient::~DpEngineClient() {
@@ -88,53 +67,35 @@ DpEngineClient::~DpEngineClient() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  cv_.notify_all();
   wake();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) thread_.join();  // answers the remote engines' pending adds
+  if (retry_thread_.joinable()) retry_thread_.join();
+  // The engines end before this object: their threads deliver into it to the last.
+  local_.clear();
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-void DpEngineClient::wake() {
-  if (wake_fd_ < 0) return;
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
+int64_t DpEngineClient::new_tickets(int n) {
+  // Tickets travel as an OutputDelta's int index: they wrap, skipping any still in use.
+  for (;;) {
+    if (next_ticket_ > INT_MAX - n) next_ticket_ = 0;
+    const int64_t first = next_ticket_;
+    next_ticket_ += n;
+    auto it = requests_.lower_bound(first);
+    const bool clash = (it != requests_.end() && it->first < first + n) ||
+                       find_request(first, nullptr) != nullptr;
+    if (!clash) return first;
+  }
 }
 
-void DpEngineClient::send(const std::string& identity, const msg::Message& m) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    outbox_.emplace_back(identity, msg::encode(m));
-  }
-  wake();
-}
-
-Status DpEngineClient::wait_for_engines() {
-  const auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(config_.startup_timeout_s * 1000));
-  std::unique_lock<std::mutex> lock(mu_);
-  auto all_here = [&] {
-    for (const auto& r : remotes_)
-      if (r && r->node.empty()) return false;
-    return true;
-  };
-  cv_.wait_until(lock, deadline, [&] { return !startup_error_.empty() || all_here(); });
-  if (!startup_error_.empty()) return invalid_argument(startup_error_);
-  if (all_here()) {
-    DS_LOG_INFO("data parallel: all {} engines connected", config_.data_parallel_size);
-    return Status::Ok();
-  }
-  std::string missing;
-  for (size_t r = 0; r < remotes_.size(); ++r) {
-    if (remotes_[r] && remotes_[r]->node.empty())
-      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  }
-  return io_error("data parallel: rank(s) " + missing + " never connected to port " +
-                           std::to_string(config_.rpc_port) + " within --distributed-timeout " +
-                           fmt::format("{}", config_.startup_timeout_s) + " s");
-}
-
-void DpEngineClient::set_shutdown_error(std::string error) {
-  std::lock_guard<std::mutex> lock(mu_);
-  shutdown_error_ = std::move(error);
+DpEngineClient::Request* DpEngineClient::find_request(int64_t ticket, int64_t* first) {
+  auto it = requests_.upper_bound(ticket);
+  if (it == requests_.begin()) return nullptr;
+  --it;
+  if (ticket >= it->first + it->second.n) return nullptr;
+  if (first) *first = it->first;
+  return &it->second;
 }
 
 int DpEngineClient::pick_engine() {
@@ -144,20 +105,77 @@ int DpEngineClient::pick_engine() {
   const int start = static_cast<int>(turn_++ % static_cast<uint64_t>(n));
   for (int k = 0; k < n; ++k) {
     const int r = (start + k) % n;
-    int64_t load = 0;
-    if (r < static_cast<int>(local_.size())) {
-      if (!local_[r]->healthy()) continue;
-      load = local_[r]->load();
-    } else {
-      if (!remotes_[r]->alive) continue;
-      load = remotes_[r]->n_unfinished;
-    }
-    if (best < 0 || load < best_load) {
+    if (local_rank(r) ? !local_[r]->healthy() : !remotes_[r]->alive) continue;
+    if (best < 0 || n_unfinished_[r] < best_load) {
       best = r;
-      best_load = load;
+      best_load = n_unfinished_[r];
     }
   }
   return best;
+}
+
+void DpEngineClient::change_work(int rank, int64_t delta) {
+  n_unfinished_[rank] += delta;
+  if (local_rank(rank)) return;
+  auto node = nodes_.find(remotes_[rank]->node);
+  if (node != nodes_.end()) node->second->watch.set_work(rank, n_unfinished_[rank], Clock::now());
+}
+
+Status DpEngineClient::place(std::unique_lock<std::mutex>& lock, int64_t first) {
+  for (;;) {
+    Request& r = requests_.at(first);  // never erased while placing
+    if (r.n_unfinished == 0) return Status::Ok();  // the caller aborted it all meanwhile
+    if (stopping_) return Status(StatusCode::kResourceExhausted, "the server is shutting down");
+    const int rank = pick_engine();
+    if (rank < 0) return internal_error("no data-parallel engine is left to serve requests");
+    r.rank = rank;
+    r.placing = true;
+    r.engine_ids.clear();
+    change_work(rank, r.n_unfinished);
+    Status taken = Status::Ok();
+    if (local_rank(rank)) {
+      std::vector<int32_t> prompt = r.prompt;
+      SamplingOptions options = r.options;
+      lock.unlock();
+      Result<std::vector<RequestId>> ids =
+          local_[rank]->add_request(std::move(prompt), options, local_outputs_[rank], static_cast<int>(first));
+      lock.lock();
+      if (ids.ok()) requests_.at(first).engine_ids = std::move(ids).value();
+      else taken = ids.status();
+    } else {
+      auto answer = std::make_shared<std::promise<msg::Added>>();
+      std::future<msg::Added> answered = answer->get_future();
+      r.answer = answer;
+      outbox_.emplace_back(remotes_[rank]->node, msg::encode(msg::Add{rank, first, r.prompt, r.options}));
+      wake();
+      lock.unlock();
+      msg::Added a = answered.get();
+      lock.lock();
+      if (!a.error.empty()) taken = Status(a.code, a.error);
+      else requests_.at(first).engine_ids = std::move(a.ids);
+    }
+    Request& placed = requests_.at(first);
+    placed.placing = false;
+    placed.answer.reset();
+    if (placed.rank != rank) {
+      // Its engine was lost while taking it (engine_lost moved the count away).
+      if (!placed.lost_error.empty()) return internal_error(placed.lost_error);
+      continue;
+    }
+    if (!taken.ok()) {
+      change_work(rank, -placed.n_unfinished);
+      placed.rank = -1;
+      // A local engine that failed meanwhile refuses with an error of its own: try another.
+      if (local_rank(rank) && !local_[rank]->healthy() && !config_.lockstep) continue;
+      return taken;
+    }
+    for (int j = 0; j < placed.n; ++j) {
+      if (placed.abort_wanted[j]) abort_on_engine(placed, j);
+    }
+    if (placed.n_unfinished == 0) requests_.erase(first);
+    cv_.notify_all();
+    return Status::Ok();
+  }
 }
 
 Result<std::vector<RequestId>> DpEngineClient::add_request(std::vector<int32_t> prompt,
@@ -166,76 +184,180 @@ Result<std::vector<RequestId>> DpEngineClient::add_request(std::vector<int32_t> 
                                                            int index) {
   if (!queue) return invalid_argument("add_request needs an output queue");
   if (options.n < 1) return invalid_argument("n must be at least 1, got " + std::to_string(options.n));
-  const RequestId dp = static_cast<RequestId>(config_.data_parallel_size);
   std::unique_lock<std::mutex> lock(mu_);
   if (!accepting_ || stopping_)
     return Status(StatusCode::kResourceExhausted, "the server is shutting down");
-  const int rank = pick_engine();
-  if (rank < 0) return internal_error("no data-parallel engine is left to serve requests");
-  if (rank < static_cast<int>(local_.size())) {
-    lock.unlock();
-    Result<std::vector<RequestId>> ids = local_[rank]->add_request(std::move(prompt), options, std::move(queue), index);
-    if (!ids.ok()) return ids;
-    std::vector<RequestId> out;
-    for (RequestId id : *ids) out.push_back(id * dp + static_cast<RequestId>(rank));
-    return out;
-  }
-  Remote& remote = *remotes_[rank];
-  const int64_t ticket = next_ticket_;
-  next_ticket_ += options.n;
-  for (int j = 0; j < options.n; ++j) sequences_[ticket + j] = Sequence{queue, index + j, rank};
-  remote.n_unfinished += options.n;
-  adds_[ticket].rank = rank;
-  std::future<msg::Added> added = adds_[ticket].answer.get_future();
-  outbox_.emplace_back(remote.node, msg::encode(msg::Add{rank, ticket, std::move(prompt), options}));
-  lock.unlock();
-  wake();
-  msg::Added a = added.get();
-  if (!a.error.empty()) {
-    lock.lock();
-    for (int j = 0; j < options.n; ++j) {
-      if (sequences_.erase(ticket + j)) --remotes_[rank]->n_unfinished;
-    }
+  const int64_t first = new_tickets(options.n);
+  Request& r = requests_[first];
+  r.prompt = std::move(prompt);
+  r.options = options;
+  r.queue = std::move(queue);
+  r.index = index;
+  r.n = options.n;
+  r.n_unfinished = options.n;
+  r.done.assign(options.n, false);
+  r.abort_wanted.assign(options.n, false);
+  if (Status s = place(lock, first); !s.ok()) {
+    requests_.erase(first);
     cv_.notify_all();
-    return invalid_argument(a.error);
+    return s;
   }
-  std::vector<RequestId> out;
-  for (RequestId id : a.ids) out.push_back(id * dp + static_cast<RequestId>(rank));
-  return out;
+  std::vector<RequestId> ids;
+  for (int j = 0; j < options.n; ++j) ids.push_back(static_cast<RequestId>(first + j));
+  return ids;
+}
+
+void DpEngineClient::deliver(int rank, OutputDelta d) {
+  int64_t first = 0;
+  Request* r = find_request(d.index, &first);
+  if (r == nullptr || r->rank != rank) return;  // ended here already, or a late delta of an engine it left
+  const int j = static_cast<int>(d.index - first);
+  if (r->done[j]) return;  // aborted here already
+  const bool last = d.finish_reason.has_value();
+  if (last && *d.finish_reason == "error" && !r->started && local_rank(rank) && !local_[rank]->healthy()) {
+    // A local engine failed before this request produced anything: as a lost engine.
+    engine_lost(rank, d.error);
+    return;
+  }
+  if (!d.token_ids.empty() || !d.text.empty() || !d.prompt_logprobs.empty()) {
+    r->started = true;  // the caller has seen output: the request can no longer move
+    std::vector<int32_t>().swap(r->prompt);
+  }
+  d.index = r->index + j;
+  if (last) {
+    r->done[j] = true;
+    --r->n_unfinished;
+    change_work(rank, -1);
+  }
+  r->queue->push(std::move(d));
+  if (r->n_unfinished == 0 && !r->placing) {
+    requests_.erase(first);
+    cv_.notify_all();
+  }
+}
+
+void DpEngineClient::end_request(int64_t first, const std::string& reason, const std::string& error) {
+  Request& r = requests_.at(first);
+  for (int j = 0; j < r.n; ++j) {
+    if (r.done[j]) continue;
+    r.done[j] = true;
+    --r.n_unfinished;
+    if (r.rank >= 0) change_work(r.rank, -1);
+    OutputDelta d;
+    d.index = r.index + j;
+    d.finish_reason = reason;
+    d.error = error;
+    r.queue->push(std::move(d));
+  }
+  if (!r.placing) requests_.erase(first);
+  cv_.notify_all();
+}
+
+void DpEngineClient::engine_lost(int rank, const std::string& error) {
+  std::vector<int64_t> affected;
+  for (const auto& [first, r] : requests_)
+    if (r.rank == rank) affected.push_back(first);
+  int n_moved = 0;
+  for (int64_t first : affected) {
+    Request& r = requests_.at(first);
+    const bool movable = !config_.lockstep && !r.started && r.n_moves < kMaxMoves;
+    change_work(rank, -r.n_unfinished);
+    r.rank = -1;
+    r.engine_ids.clear();
+    if (movable) {
+      ++r.n_moves;
+      ++n_moved;
+    }
+    if (r.placing) {
+      // place() is waiting for this engine's answer: it moves the request, or fails.
+      if (!movable) r.lost_error = error;
+      if (r.answer) r.answer->set_value(msg::Added{});
+      r.answer.reset();
+    } else if (movable) {
+      retries_.push_back(first);
+    } else {
+      if (!local_rank(rank) && observers_[rank]) {
+        for (int j = 0; j < r.n; ++j)
+          if (!r.done[j]) observers_[rank]->on_finished("error", 0, 0, 0.0);
+      }
+      end_request(first, "error", error);
+    }
+  }
+  if (n_moved > 0) {
+    DS_LOG_WARN("data parallel: {} request(s) of engine {} had produced no output yet: placed again on "
+                "the engines left", n_moved, rank);
+  }
+  cv_.notify_all();
+}
+
+void DpEngineClient::retry_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !retries_.empty(); });
+    if (retries_.empty()) return;  // stopping, nothing left
+    const int64_t first = retries_.front();
+    retries_.pop_front();
+    auto it = requests_.find(first);
+    if (it == requests_.end() || it->second.rank >= 0 || it->second.placing) continue;  // aborted meanwhile
+    Status s = stopping_ ? Status(StatusCode::kResourceExhausted, "the server is shutting down")
+                         : place(lock, first);
+    if (!s.ok() && requests_.count(first)) {
+      end_request(first, stopping_ ? "abort" : "error",
+                  "its data-parallel engine was lost and no other engine could take it: " + s.message());
+    }
+  }
+}
+
+void DpEngineClient::abort_on_engine(Request& r, int j) {
+  if (j >= static_cast<int>(r.engine_ids.size())) return;
+  if (local_rank(r.rank)) {
+    local_[r.rank]->abort(r.engine_ids[j]);
+  } else if (remotes_[r.rank]->alive) {
+    outbox_.emplace_back(remotes_[r.rank]->node, msg::encode(msg::Abort{r.rank, r.engine_ids[j]}));
+    wake();
+  }
+}
+
+void DpEngineClient::abort_sequence(int64_t first, int j) {
+  Request& r = requests_.at(first);
+  if (r.done[j]) return;
+  if (r.rank >= 0 && !r.placing) {
+    abort_on_engine(r, j);  // the engine answers with the sequence's last delta
+    return;
+  }
+  // Being placed, or waiting to move: it ends here; its engine is told once known.
+  r.abort_wanted[j] = true;
+  r.done[j] = true;
+  --r.n_unfinished;
+  if (r.rank >= 0) change_work(r.rank, -1);
+  OutputDelta d;
+  d.index = r.index + j;
+  d.finish_reason = "abort";
+  r.queue->push(std::move(d));
+  if (r.n_unfinished == 0 && !r.placing) requests_.erase(first);
+  cv_.notify_all();
 }
 
 void DpEngineClient::abort(RequestId id) {
-  const RequestId dp = static_cast<RequestId>(config_.data_parallel_size);
-  const int rank = static_cast<int>(id % dp);
-  const RequestId engine_id = id / dp;
-  if (rank < static_cast<int>(local_.size())) {
-    local_[rank]->abort(engine_id);
-    return;
-  }
-  std::string node;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!remotes_[rank]->alive) return;
-    node = remotes_[rank]->node;
-  }
-  send(node, msg::Abort{rank, engine_id});
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t first = 0;
+  if (find_request(static_cast<int64_t>(id), &first) == nullptr) return;
+  abort_sequence(first, static_cast<int>(static_cast<int64_t>(id) - first));
 }
 
 void DpEngineClient::abort_all() {
-  for (const auto& e : local_) e->abort_all();
-  {
-    // Each remote engine aborts its sequences and answers with their last deltas.
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [ticket, s] : sequences_) {
-      if (s.engine_id == 0 || !remotes_[s.rank]->alive) continue;
-      outbox_.emplace_back(remotes_[s.rank]->node, msg::encode(msg::Abort{s.rank, s.engine_id}));
-    }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<int64_t, int>> sequences;
+  for (const auto& [first, r] : requests_)
+    for (int j = 0; j < r.n; ++j)
+      if (!r.done[j]) sequences.emplace_back(first, j);
+  for (const auto& [first, j] : sequences) {
+    if (requests_.count(first)) abort_sequence(first, j);
   }
-  wake();
 }
 
 void DpEngineClient::stop_accepting() {
-  for (const auto& e : local_) e->stop_accepting();
+  // The local engines keep accepting: requests moved from a lost engine still need one.
   std::lock_guard<std::mutex> lock(mu_);
   accepting_ = false;
 }
@@ -258,252 +380,15 @@ bool DpEngineClient::healthy() const {
 }
 
 int64_t DpEngineClient::load() const {
-  int64_t n = 0;
-  for (const auto& e : local_) n += e->load();
   std::lock_guard<std::mutex> lock(mu_);
-  return n + static_cast<int64_t>(sequences_.size());
+  int64_t n = 0;
+  for (int64_t k : n_unfinished_) n += k;
+  return n;
 }
 
 bool DpEngineClient::wait_idle(std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  for (const auto& e : local_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (!e->wait_idle(std::max(left, std::chrono::milliseconds(0)))) return false;
-  }
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_until(lock, deadline, [&] { return sequences_.empty(); });
-}
-
-void DpEngineClient::declare_dead(Node& node, const std::string& why) {
-  node.dead = true;
-  DS_LOG_ERROR("data parallel: node {} (ranks {}) {}; its requests end with an error", node.name,
-               fmt::format("{}", fmt::join(node.ranks, ",")), why);
-  const std::string error = "data-parallel engine on node " + node.name + " " + why;
-  for (int r : node.ranks) remotes_[r]->alive = false;
-  for (auto it = sequences_.begin(); it != sequences_.end();) {
-    if (std::find(node.ranks.begin(), node.ranks.end(), it->second.rank) == node.ranks.end()) {
-      ++it;
-      continue;
-    }
-    OutputDelta d;
-    d.index = it->second.index;
-    d.finish_reason = "error";
-    d.error = error;
-    it->second.queue->push(std::move(d));
-    Remote& remote = *remotes_[it->second.rank];
-    --remote.n_unfinished;
-    if (remote.observer) remote.observer->on_finished("error", 0, 0, 0.0);
-    it = sequences_.erase(it);
-  }
-  for (auto it = adds_.begin(); it != adds_.end();) {
-    if (std::find(node.ranks.begin(), node.ranks.end(), it->second.rank) == node.ranks.end()) {
-      ++it;
-      continue;
-    }
-    msg::Added a;
-    a.ticket = it->first;
-    a.error = error;
-    it->second.answer.set_value(std::move(a));
-    it = adds_.erase(it);
-  }
-  cv_.notify_all();
-}
-
-void DpEngineClient::handle(const std::string& identity, const std::string& payload) {
-  Result<msg::Message> decoded = msg::decode(payload);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto node_it = nodes_.find(identity);
-  if (!decoded.ok()) {
-    DS_LOG_ERROR("data parallel: dropped a message from {}: {}",
-                 node_it != nodes_.end() ? node_it->second->name : std::string("an unknown peer"),
-                 decoded.status().message());
-    return;
-  }
-  msg::Message& m = *decoded;
-  if (auto* hello = std::get_if<msg::Hello>(&m)) {
-    auto reject = [&](const std::string& why) {
-      const std::string error = "node " + hello->node + ": " + why;
-      DS_LOG_ERROR("data parallel: refused {}", error);
-      outbox_.emplace_back(identity, msg::encode(msg::Reject{error}));
-      if (startup_error_.empty()) startup_error_ = error;
-      cv_.notify_all();
-    };
-    if (node_it != nodes_.end()) return reject("said hello twice");
-    if (std::string d = msg::first_difference(config_.node, hello->config); !d.empty())
-      return reject("flags disagree with the API server's node: " + d);
-    if (hello->ranks.empty()) return reject("serves no data-parallel rank");
-    for (int r : hello->ranks) {
-      if (r < 0 || r >= config_.data_parallel_size)
-        return reject("data-parallel rank " + std::to_string(r) + " is outside --data-parallel-size " +
-                      std::to_string(config_.data_parallel_size));
-      if (r < static_cast<int>(local_.size()))
-        return reject("data-parallel rank " + std::to_string(r) +
-                      " overlaps the API server's node's ranks 0.." + std::to_string(local_.size() - 1) +
-                      " (check --data-parallel-start-rank)");
-      if (!remotes_[r]->node.empty()) {
-        const std::string other = nodes_.count(remotes_[r]->node) ? nodes_[remotes_[r]->node]->name : "";
-        return reject("data-parallel rank " + std::to_string(r) + " overlaps node " + other +
-                      "'s ranks (check --data-parallel-start-rank)");
-      }
-    }
-    auto node = std::make_unique<Node>();
-    node->name = hello->node;
-    node->ranks = hello->ranks;
-    node->last_seen = Clock::now();
-    for (int r : hello->ranks) {
-      remotes_[r]->node = identity;
-      remotes_[r]->alive = true;
-    }
-    DS_LOG_INFO("data parallel: node {} connected with rank(s) {}", node->name,
-                fmt::format("{}", fmt::join(node->ranks, ",")));
-    nodes_[identity] = std::move(node);
-    outbox_.emplace_back(identity, msg::encode(msg::Welcome{}));
-    cv_.notify_all();
-    return;
-  }
-  if (node_it == nodes_.end() || node_it->second->dead) return;  // not (or no longer) ours
-  Node& node = *node_it->second;
-  node.last_seen = Clock::now();
-  auto owns = [&](int rank) {
-    return std::find(node.ranks.begin(), node.ranks.end(), rank) != node.ranks.end();
-  };
-  auto bad = [&](const std::string& why) {
-    DS_LOG_ERROR("data parallel: dropped a message from node {}: {}", node.name, why);
-  };
-  if (auto* a = std::get_if<msg::Added>(&m)) {
-    auto it = adds_.find(a->ticket);
-    if (it == adds_.end() || it->second.rank != a->engine) return bad("an answer to no request");
-    if (a->error.empty()) {
-      if (a->ids.empty()) a->error = "node " + node.name + " took a request without sequence ids";
-      for (size_t j = 0; j < a->ids.size(); ++j) {
-        auto seq = sequences_.find(a->ticket + static_cast<int64_t>(j));
-        if (seq != sequences_.end() && seq->second.rank == a->engine) seq->second.engine_id = a->ids[j];
-      }
-    }
-    it->second.answer.set_value(std::move(*a));
-    adds_.erase(it);
-  } else if (auto* o = std::get_if<msg::Output>(&m)) {
-    auto it = sequences_.find(o->delta.index);
-    if (it == sequences_.end()) return;  // aborted here already
-    if (it->second.rank != o->engine || !owns(o->engine)) return bad("output of another engine's request");
-    o->delta.index = it->second.index;
-    const bool last = o->delta.finish_reason.has_value();
-    it->second.queue->push(std::move(o->delta));
-    if (last) {
-      --remotes_[it->second.rank]->n_unfinished;
-      sequences_.erase(it);
-      cv_.notify_all();
-    }
-  } else if (auto* s = std::get_if<msg::Stats>(&m)) {
-    if (!owns(s->engine)) return bad("stats of another node's engine");
-    if (EngineObserver* obs = remotes_[s->engine]->observer) obs->on_stats(s->stats);
-  } else if (auto* e = std::get_if<msg::Event>(&m)) {
-    if (!owns(e->engine)) return bad("an event of another node's engine");
-    EngineObserver* obs = remotes_[e->engine]->observer;
-    if (!obs) return;
-    switch (e->kind) {
-      case msg::Event::Kind::kTokens: obs->on_tokens(e->n_prompt_tokens, e->n_generated_tokens); break;
-      case msg::Event::Kind::kFirstToken: obs->on_first_token(e->seconds); break;
-      case msg::Event::Kind::kInterToken: obs->on_inter_token(e->seconds); break;
-      case msg::Event::Kind::kFinished:
-        obs->on_finished(e->finish_reason, static_cast<int>(e->n_prompt_tokens),
-                         static_cast<int>(e->n_generated_tokens), e->seconds);
-        break;
-    }
-  } else if (std::holds_alternative<msg::Ping>(m)) {
-    // last_seen is all it is for
-  } else {
-    bad("a message only the API server sends");
-  }
-}
-
-void DpEngineClient::run() {
-  zmq::socket_t& router = socket_->router;
-  const auto ping_every = std::chrono::milliseconds(250);
-  auto next_ping = Clock::now();
-  const std::string ping = msg::encode(msg::Ping{});
-  for (;;) {
-    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      DS_LOG_ERROR("data parallel: poll failed: {}", e.what());
-      break;
-    }
-    if (items[1].revents & ZMQ_POLLIN) {
-      uint64_t n;
-      [[maybe_unused]] ssize_t r = read(wake_fd_, &n, sizeof n);
-    }
-    // Everything the socket holds now.
-    for (;;) {
-      std::vector<zmq::message_t> parts;
-      zmq::recv_result_t got;
-      try {
-        got = zmq::recv_multipart(router, std::back_inserter(parts), zmq::recv_flags::dontwait);
-      } catch (const zmq::error_t& e) {
-        DS_LOG_ERROR("data parallel: receive failed: {}", e.what());
-        break;
-      }
-      if (!got) break;
-      if (parts.size() != 2) {
-        DS_LOG_ERROR("data parallel: dropped a message of {} frames (want identity + 1)", parts.size());
-        continue;
-      }
-      handle(parts[0].to_string(), parts[1].to_string());
-    }
-    std::vector<std::pair<std::string, std::string>> outbox;
-    bool stopping = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      outbox.swap(outbox_);
-      stopping = stopping_;
-      const auto now = Clock::now();
-      if (now >= next_ping) {
-        for (auto& [identity, node] : nodes_) {
-          if (node->dead) continue;
-          const double silent = std::chrono::duration<double>(now - node->last_seen).count();
-          if (silent > kLivenessSeconds) {
-            declare_dead(*node, fmt::format("stopped answering ({:.1f} s without a message)", silent));
-            continue;
-          }
-          outbox.emplace_back(identity, ping);
-        }
-        next_ping = now + ping_every;
-      }
-      if (stopping) {
-        for (auto& [identity, node] : nodes_) {
-          if (!node->dead) outbox.emplace_back(identity, msg::encode(msg::Shutdown{shutdown_error_}));
-        }
-      }
-    }
-    for (auto& [identity, payload] : outbox) {
-      try {
-        router.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-        router.send(zmq::buffer(payload), zmq::send_flags::dontwait);
-      } catch (const zmq::error_t& e) {
-        DS_LOG_WARN("data parallel: send failed: {}", e.what());
-      }
-    }
-    if (stopping) break;
-  }
-  // No more answers will come: whatever waits is answered with an error.
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [ticket, p] : adds_) {
-    msg::Added a;
-    a.ticket = ticket;
-    a.error = "the API server is shutting down";
-    p.answer.set_value(std::move(a));
-  }
-  adds_.clear();
-  for (auto& [ticket, s] : sequences_) {
-    OutputDelta d;
-    d.index = s.index;
-    d.finish_reason = "abort";
-    s.queue->push(std::move(d));
-  }
-  sequences_.clear();
-  cv_.notify_all();
+  return cv_.wait_for(lock, timeout, [&] { return requests_.empty(); });
 }
 
 }  // namespace dserve

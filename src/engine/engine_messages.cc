@@ -1,10 +1,20 @@
 #include "engine/engine_messages.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
+
+namespace dserve {
+
+std::chrono::milliseconds ping_interval(double heartbeat_timeout_s) {
+  const auto quarter = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_timeout_s * 250));
+  return std::clamp(quarter, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
+}
+
+}  // namespace dserve
 
 namespace dserve::engine_msg {
 
@@ -324,8 +334,20 @@ const char* kind_name(Event::Kind k) {
     case Event::Kind::kFirstToken: return "first_token";
     case Event::Kind::kInterToken: return "inter_token";
     case Event::Kind::kFinished: return "finished";
+    case Event::Kind::kLost: return "lost";
   }
   return "";
+}
+
+// A StatusCode by its status_code_name.
+StatusCode status_code_at(const json& j, const char* key) {
+  const std::string name = string_at(j, key);
+  for (StatusCode c : {StatusCode::kOk, StatusCode::kInvalidArgument, StatusCode::kNotFound,
+                       StatusCode::kCorrupt, StatusCode::kUnimplemented, StatusCode::kIoError,
+                       StatusCode::kResourceExhausted, StatusCode::kInternal}) {
+    if (name == status_code_name(c)) return c;
+  }
+  throw BadField{std::string("\"") + key + "\" is not a status code: \"" + name + "\""};
 }
 
 struct Encoder {
@@ -340,7 +362,7 @@ struct Encoder {
   }
   json operator()(const Added& m) const {
     return {{"type", "added"}, {"engine", m.engine}, {"ticket", m.ticket},
-            {"error", m.error}, {"ids", m.ids}};
+            {"error", m.error}, {"code", status_code_name(m.code)}, {"ids", m.ids}};
   }
   json operator()(const Abort& m) const {
     return {{"type", "abort"}, {"engine", m.engine}, {"id", m.id}};
@@ -355,7 +377,7 @@ struct Encoder {
     return {{"type", "event"},           {"engine", m.engine},
             {"kind", kind_name(m.kind)}, {"n_prompt_tokens", m.n_prompt_tokens},
             {"n_generated_tokens", m.n_generated_tokens}, {"seconds", number(m.seconds)},
-            {"finish_reason", m.finish_reason}};
+            {"finish_reason", m.finish_reason}, {"error", m.error}};
   }
   json operator()(const Ping&) const { return {{"type", "ping"}}; }
   json operator()(const Shutdown& m) const { return {{"type", "shutdown"}, {"error", m.error}}; }
@@ -385,6 +407,7 @@ Message decode_object(const json& j) {
     m.engine = integer_at<int>(j, "engine");
     m.ticket = integer_at<int64_t>(j, "ticket");
     m.error = string_at(j, "error");
+    m.code = status_code_at(j, "code");
     m.ids = integers_at<RequestId>(j, "ids");
     return m;
   }
@@ -401,11 +424,13 @@ Message decode_object(const json& j) {
     else if (kind == "first_token") m.kind = Event::Kind::kFirstToken;
     else if (kind == "inter_token") m.kind = Event::Kind::kInterToken;
     else if (kind == "finished") m.kind = Event::Kind::kFinished;
+    else if (kind == "lost") m.kind = Event::Kind::kLost;
     else throw BadField{"unknown event kind \"" + kind + "\""};
     m.n_prompt_tokens = integer_at<int64_t>(j, "n_prompt_tokens");
     m.n_generated_tokens = integer_at<int64_t>(j, "n_generated_tokens");
     m.seconds = number_at(j, "seconds");
     m.finish_reason = string_at(j, "finish_reason");
+    m.error = string_at(j, "error");
     return m;
   }
   if (type == "ping") return Ping{};

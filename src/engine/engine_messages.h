@@ -3,13 +3,17 @@
 // one ZeroMQ frame holding one JSON object whose "type" names it:
 //
 //   engine -> head   hello    a node's engines and the flags that must agree
-//                    added    whether an engine took a request (and its sequence ids)
+//                    added    whether an engine took a request (its sequence ids, or why
+//                             not and the error's kind, so the API server answers as
+//                             it would for its own engine)
 //                    output   one OutputDelta of a sequence, tagged with its ticket
 //                    stats    an engine's EngineStats (its load and gauges)
-//                    event    an EngineObserver call (tokens, timings, finish) for metrics
+//                    event    an EngineObserver call (tokens, timings, finish) for metrics,
+//                             or the engine failed (lost)
 //                    ping     liveness, when nothing else was sent for a while
 //   head -> engine   welcome / reject   the answer to hello (reject says why)
-//                    shutdown the API server stops (with the error, when it failed)
+//                    shutdown the API server stops (with the error, when it failed),
+//                             or it declared this node lost (the node exits)
 //                    add      a request for one engine, with its ticket
 //                    abort    cancel one sequence of one engine
 //                    ping     liveness
@@ -21,6 +25,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -30,8 +35,13 @@
 #include "dserve/async_llm.h"
 
 namespace dserve {
-// Both sides ping every 250 ms; a peer silent this long is gone (dead or cut off).
-inline constexpr double kLivenessSeconds = 3.0;
+// Both sides ping (at least 4 times per heartbeat timeout); a peer silent for the
+// heartbeat timeout is gone (dead, stopped or cut off). The default of
+// --engine-heartbeat-timeout.
+inline constexpr double kDefaultHeartbeatSeconds = 3.0;
+// How often a side pings for a given heartbeat timeout: 250 ms, or more often when the
+// timeout is under a second (so a few pings can be late without a false alarm).
+std::chrono::milliseconds ping_interval(double heartbeat_timeout_s);
 }  // namespace dserve
 
 namespace dserve::engine_msg {
@@ -72,6 +82,7 @@ struct Added {
   int64_t ticket = 0;
   std::string error;                 // empty: taken
   std::vector<RequestId> ids;        // the engine's ids of the sequences, when taken
+  StatusCode code = StatusCode::kInvalidArgument;  // with an error: its kind
 };
 struct Abort {
   int engine = 0;
@@ -87,13 +98,15 @@ struct Stats {
 };
 // One EngineObserver call.
 struct Event {
-  enum class Kind { kTokens, kFirstToken, kInterToken, kFinished };
+  // kLost: the engine failed and serves no more (its node lives on).
+  enum class Kind { kTokens, kFirstToken, kInterToken, kFinished, kLost };
   int engine = 0;
   Kind kind = Kind::kTokens;
   int64_t n_prompt_tokens = 0;     // kTokens, kFinished
   int64_t n_generated_tokens = 0;  // kTokens, kFinished
   double seconds = 0.0;            // kFirstToken, kInterToken, kFinished
   std::string finish_reason;       // kFinished
+  std::string error;               // kLost: why
 };
 struct Ping {};
 struct Shutdown {

@@ -46,6 +46,11 @@ class HeadlessEngines::Forwarder : public EngineObserver {
     e.finish_reason = reason;
     owner_->post(e);
   }
+  void on_engine_lost(const std::string& why) override {
+    msg::Event e = event(msg::Event::Kind::kLost);
+    e.error = why;
+    owner_->post(e);
+  }
 
  private:
   msg::Event event(msg::Event::Kind kind) const {
@@ -169,11 +174,16 @@ class HeadlessEngines::Adder {
     answer.ticket = a.ticket;
     if (a.ticket < 0 || a.ticket > std::numeric_limits<int>::max() - a.options.n) {
       answer.error = "ticket out of range";
+      answer.code = StatusCode::kInternal;
     } else {
       Result<std::vector<RequestId>> ids = engine.add_request(
           std::move(a.prompt), a.options, deltas_, static_cast<int>(a.ticket));
-      if (ids.ok()) answer.ids = *ids;
-      else answer.error = ids.status().message();
+      if (ids.ok()) {
+        answer.ids = *ids;
+      } else {
+        answer.error = ids.status().message();
+        answer.code = ids.status().code();
+      }
     }
     owner_.post(answer);
   }
@@ -240,7 +250,7 @@ bool HeadlessEngines::IoLoop::turn() {
   zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
                              {nullptr, owner_.wake_fd_, ZMQ_POLLIN, 0}};
   try {
-    zmq::poll(items, 2, std::chrono::milliseconds(100));
+    zmq::poll(items, 2, std::min(ping_interval(config_.heartbeat_timeout_s), std::chrono::milliseconds(100)));
   } catch (const zmq::error_t& e) {
     if (e.num() == EINTR) return true;
     result_ = io_error(std::string("data parallel: poll failed: ") + e.what());
@@ -352,17 +362,17 @@ bool HeadlessEngines::IoLoop::api_server_lost(Clock::time_point now) {
                        fmt::format("{}", config_.startup_timeout_s) + " s");
     return true;
   }
-  if (welcomed_ && silent > kLivenessSeconds) {
+  if (welcomed_ && silent > config_.heartbeat_timeout_s) {
     result_ = io_error(fmt::format(
-        "data parallel: the API server at {} stopped answering ({:.1f} s without a message); "
-        "exiting", endpoint_, silent));
+        "data parallel: the API server at {} stopped answering ({:.1f} s without a message; "
+        "--engine-heartbeat-timeout {}); exiting", endpoint_, silent, config_.heartbeat_timeout_s));
     return true;
   }
   return false;
 }
 
-// What was posted since the last turn, and a ping every 250 ms (the API server's
-// liveness check of this node), once the API server has welcomed this node.
+// What was posted since the last turn, and a ping every ping_interval (the API
+// server's liveness check of this node), once the API server has welcomed this node.
 void HeadlessEngines::IoLoop::send_outbox(Clock::time_point now) {
   std::vector<std::string> outbox;
   {
@@ -371,7 +381,7 @@ void HeadlessEngines::IoLoop::send_outbox(Clock::time_point now) {
   }
   if (welcomed_ && now >= next_ping_) {
     outbox.push_back(ping_);
-    next_ping_ = now + std::chrono::milliseconds(250);
+    next_ping_ = now + ping_interval(config_.heartbeat_timeout_s);
   }
   if (!welcomed_) outbox.clear();  // stats before the hello was answered mean nothing
   for (const std::string& payload : outbox) {

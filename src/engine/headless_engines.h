@@ -7,9 +7,12 @@
 // may start first.
 //
 // run() returns Ok when the API server shuts down normally (it says so), and an error
-// when the API server stopped with one, when this node is refused (disagreeing flags, overlapping ranks), when no answer came within the
-// start-up timeout, or when the API server went silent for kLivenessSeconds (it died):
-// the process then exits rather than lingering as an orphan.
+// when the API server stopped with one, when this node is refused (disagreeing flags,
+// overlapping ranks), when no answer came within the start-up timeout, when the API
+// server went silent for the heartbeat timeout (it died, or the link is down), or when
+// the API server declared this node lost (it hung, was cut off or was too slow): the
+// process then exits rather than lingering as an orphan; started again with the same
+// command line, it rejoins.
 //
 // Thread-safety: observer() before run(); stop() from any thread; the observers from
 // the engine threads. One I/O thread (run's caller) owns the socket.
@@ -33,6 +36,7 @@ struct HeadlessConfig {
   int n_engines = 1;         // --data-parallel-size-local
   engine_msg::NodeConfig node;
   double startup_timeout_s = 300;  // --distributed-timeout
+  double heartbeat_timeout_s = kDefaultHeartbeatSeconds;  // --engine-heartbeat-timeout
   // The engines step in lockstep (expert parallelism): when one fails, run() returns
   // its error (the group cannot go on without it).
   bool lockstep = false;

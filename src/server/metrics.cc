@@ -97,6 +97,15 @@ class ServerMetrics::Engine : public EngineObserver {
     ++request_success[finish_reason];
     e2e.observe(seconds);
   }
+  void on_engine_lost(const std::string&) override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    if (alive) ++losses;
+    alive = false;
+  }
+  void on_engine_joined() override {
+    std::lock_guard<std::mutex> lock(*mu_);
+    alive = true;
+  }
 
  private:
   std::mutex* const mu_;  // the ServerMetrics' mutex, which render() holds too
@@ -109,6 +118,8 @@ class ServerMetrics::Engine : public EngineObserver {
   int64_t generation_tokens = 0;
   std::map<std::string, int64_t> request_success;
   Histogram ttft, itl, e2e;
+  bool alive = true;   // false once lost, until it joins again
+  int64_t losses = 0;  // times it was lost
 };
 
 ServerMetrics::ServerMetrics(std::string model_name, int n_engines)
@@ -171,6 +182,14 @@ std::string ServerMetrics::render() const {
   header(out, "vllm:e2e_request_latency_seconds", "histogram",
          "Histogram of e2e request latency in seconds.");
   for (const auto& e : engines_) e->e2e.render(out, "vllm:e2e_request_latency_seconds", e->labels);
+  gauge("dserve:engine_alive", "1 while the engine serves; 0 once it failed or was lost.",
+        [](const Engine& e) { return e.alive ? 1.0 : 0.0; });
+  counter("dserve:engine_losses", "Times the engine failed or was lost (a data-parallel engine's node "
+          "stopped answering, or its engine stopped stepping).",
+          [](const Engine& e) { return e.losses; });
+  header(out, "dserve:engines_alive", "gauge", "Engines serving now, of all data-parallel engines.");
+  out += fmt::format("dserve:engines_alive{{{}}} {}\n", model_label_,
+                     std::count_if(engines_.begin(), engines_.end(), [](const auto& e) { return e->alive; }));
   header(out, "dserve:http_connections", "gauge", "Open HTTP connections.");
   out += fmt::format("dserve:http_connections{{{}}} {}\n", model_label_, n_connections_.load());
   header(out, "dserve:http_requests_rejected_total", "counter",

@@ -6,6 +6,9 @@
 //              vllm:request_success{finished_reason="stop"|"length"|"abort"|"error"}
 //   histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
 //              vllm:e2e_request_latency_seconds
+// the engines' liveness (data parallelism: engine/dp_engine_client.h):
+//   dserve:engine_alive (gauge, per engine: 1 serving, 0 failed or lost),
+//   dserve:engine_losses_total (counter, per engine), dserve:engines_alive (gauge: how many serve),
 // and the HTTP front end's own (vLLM has none for these):
 //   dserve:http_connections (gauge: open connections),
 //   dserve:http_requests_rejected_total{reason="max_waiting_requests"|"max_connections"|

@@ -3,7 +3,9 @@
 // talking over ZeroMQ on localhost. Requests added from many threads give the offline
 // engine's greedy outputs and land on both engines; a node whose flags disagree is
 // refused naming the flag; a rank that never comes is named after the timeout; a node
-// that goes silent ends its requests with "error" and new ones go to the engine left.
+// that goes silent is lost: the requests it had not answered yet move to the engine
+// left and still give the offline engine's outputs, one it had started ends with
+// "error"; a node started again with the same ranks rejoins and takes requests.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -32,7 +34,9 @@ class Counter : public EngineObserver {
     if (reason == "error") ++errors;
     else ++finished;
   }
-  std::atomic<int> finished{0}, errors{0};
+  void on_engine_lost(const std::string&) override { ++lost; }
+  void on_engine_joined() override { ++joined; }
+  std::atomic<int> finished{0}, errors{0}, lost{0}, joined{0};
 };
 
 engine_msg::NodeConfig node_config(const std::string& dir) {
@@ -54,12 +58,13 @@ std::unique_ptr<AsyncLlm> engine(const std::string& dir, EngineObserver* observe
 struct Head {
   Counter counters[2];
   std::unique_ptr<DpEngineClient> client;
-  Head(const std::string& dir, int port, double timeout_s = 30) {
+  Head(const std::string& dir, int port, double timeout_s = 30, double heartbeat_s = 3) {
     DpEngineClientConfig c;
     c.data_parallel_size = 2;
     c.rpc_port = port;
     c.node = node_config(dir);
     c.startup_timeout_s = timeout_s;
+    c.deadlines.heartbeat_s = heartbeat_s;
     c.observer = [this](int rank) { return &counters[rank]; };
     std::vector<std::unique_ptr<AsyncLlm>> local;
     local.push_back(engine(dir, &counters[0]));
@@ -74,7 +79,8 @@ struct Node {
   std::unique_ptr<HeadlessEngines> headless;
   std::thread thread;
   Status status;
-  Node(const std::string& dir, int port, engine_msg::NodeConfig config, double timeout_s = 30) {
+  Node(const std::string& dir, int port, engine_msg::NodeConfig config, double timeout_s = 30,
+       double heartbeat_s = 3) {
     HeadlessConfig h;
     h.head_address = "127.0.0.1";
     h.rpc_port = port;
@@ -82,6 +88,7 @@ struct Node {
     h.n_engines = 1;
     h.node = config;
     h.startup_timeout_s = timeout_s;
+    h.heartbeat_timeout_s = heartbeat_s;
     headless = std::make_unique<HeadlessEngines>(h);
     std::vector<std::unique_ptr<AsyncLlm>> engines;
     engines.push_back(engine(dir, headless->observer(0)));
@@ -178,36 +185,91 @@ TEST(DataParallel, MissingRankIsNamedAfterTheTimeout) {
   EXPECT_NE(s.message().find("rank(s) 1 never connected"), std::string::npos) << s.message();
 }
 
-TEST(DataParallel, ASilentNodeEndsItsRequestsAndTheOtherEngineServes) {
+TEST(DataParallel, ASilentNodesUnansweredRequestsMoveToTheEngineLeft) {
   set_log_level("error");
   const std::string dir = write_tiny_llama();
+  auto offline = LLM::create(dir, test::small_engine_options());
+  ASSERT_TRUE(offline.ok());
   const int port = test::free_port();
-  Head head(dir, port);
-  auto node = std::make_unique<Node>(dir, port, node_config(dir));
+  Head head(dir, port, 30, /*heartbeat_s=*/1);
+  auto node = std::make_unique<Node>(dir, port, node_config(dir), 30, 1);
   ASSERT_TRUE(head.client->wait_for_engines().ok());
   node.reset();  // the node stops without a word: the head hears nothing more
   // Requests alternate between the (idle) engines: the one sent to the silent node
-  // waits for its answer until the node is declared dead, then fails naming it.
-  std::vector<std::string> outcome;
-  for (int i = 0; i < 2; ++i) {
+  // waits for its answer until the node is lost, then moves to the engine left; the
+  // caller sees only its (right) output.
+  for (int i = 0; i < 4; ++i) {
     auto q = std::make_shared<OutputQueue>();
     auto ids = head.client->add_request(prompt_of(i), greedy(4), q, 0);
-    if (!ids.ok()) {
-      EXPECT_NE(ids.status().message().find("stopped answering"), std::string::npos)
-          << ids.status().message();
-      outcome.push_back("refused");
-    } else {
-      outcome.push_back(collect(*q).finish);
+    ASSERT_TRUE(ids.ok()) << ids.status().message();
+    Seq got = collect(*q);
+    EXPECT_EQ(got.finish, "length") << got.error;
+    auto want = (*offline)->generate({prompt_of(i)}, greedy(4));
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(got.tokens, (*want)[0].token_ids) << "prompt " << i;
+  }
+  EXPECT_TRUE(head.client->healthy());
+  EXPECT_EQ(head.counters[1].lost.load(), 1);
+  EXPECT_EQ(head.counters[0].finished.load(), 4);
+  EXPECT_TRUE(head.client->wait_idle(std::chrono::seconds(5)));
+}
+
+// Waits for the first delta with tokens of every queue.
+void wait_started(std::vector<std::shared_ptr<OutputQueue>>& queues, std::vector<Seq>& seqs) {
+  for (size_t i = 0; i < queues.size(); ++i) {
+    while (seqs[i].tokens.empty() && seqs[i].finish.empty()) {
+      for (OutputDelta& d : queues[i]->pop(std::chrono::milliseconds(100))) {
+        seqs[i].tokens.insert(seqs[i].tokens.end(), d.token_ids.begin(), d.token_ids.end());
+        if (d.finish_reason) seqs[i].finish = *d.finish_reason;
+      }
     }
   }
-  std::sort(outcome.begin(), outcome.end());
-  EXPECT_EQ(outcome, (std::vector<std::string>{"length", "refused"}));
+}
+
+TEST(DataParallel, StartedRequestsOfALostNodeEndWithAnErrorAndARestartedNodeRejoins) {
+  set_log_level("error");
+  const std::string dir = write_tiny_llama();
+  const int port = test::free_port();
+  Head head(dir, port, 30, /*heartbeat_s=*/1);
+  auto node = std::make_unique<Node>(dir, port, node_config(dir), 30, 1);
+  ASSERT_TRUE(head.client->wait_for_engines().ok());
+  // Two long requests, one per engine, both under way.
+  std::vector<std::shared_ptr<OutputQueue>> queues;
+  for (int i = 0; i < 2; ++i) {
+    queues.push_back(std::make_shared<OutputQueue>());
+    ASSERT_TRUE(head.client->add_request(prompt_of(i), greedy(150), queues.back(), 0).ok());
+  }
+  std::vector<Seq> seqs(2);
+  wait_started(queues, seqs);
+  const auto lost_at = std::chrono::steady_clock::now();
+  node.reset();
+  std::vector<std::string> finishes;
+  for (int i = 0; i < 2; ++i) {
+    Seq rest = collect(*queues[i]);
+    finishes.push_back(rest.finish);
+    if (rest.finish == "error") {
+      EXPECT_NE(rest.error.find("was lost: stopped answering"), std::string::npos) << rest.error;
+    }
+  }
+  std::sort(finishes.begin(), finishes.end());
+  EXPECT_EQ(finishes, (std::vector<std::string>{"error", "length"}));
+  EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(5));
+  EXPECT_EQ(head.counters[1].errors.load(), 1);
   EXPECT_TRUE(head.client->healthy());
-  for (int i = 0; i < 3; ++i) {
+
+  // The node again, same ranks: it takes requests again.
+  node = std::make_unique<Node>(dir, port, node_config(dir), 30, 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (head.counters[1].joined.load() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(head.counters[1].joined.load(), 1);
+  const int before = head.counters[1].finished.load();
+  for (int i = 0; i < 4; ++i) {
     auto q = std::make_shared<OutputQueue>();
-    ASSERT_TRUE(head.client->add_request(prompt_of(i), greedy(4), q, 0).ok());
+    ASSERT_TRUE(head.client->add_request(prompt_of(i), greedy(3), q, 0).ok());
     EXPECT_EQ(collect(*q).finish, "length");
   }
+  EXPECT_GT(head.counters[1].finished.load(), before);
 }
 
 }  // namespace

@@ -131,11 +131,14 @@ TEST(EngineMessages, OutputKeepsLogprobsBitForBit) {
 }
 
 TEST(EngineMessages, TheRestRoundTrip) {
-  Added a{2, 77, "", {10, 11}};
+  Added a{2, 77, "", {10, 11}, StatusCode::kOk};
   Added b = round_trip(a);
   EXPECT_EQ(b.ids, a.ids);
   EXPECT_EQ(b.ticket, 77);
-  EXPECT_EQ(round_trip(Added{2, 78, "prompt too long", {}}).error, "prompt too long");
+  // The error's kind travels with it: the API server answers as for its own engine.
+  Added refused = round_trip(Added{2, 78, "prompt too long", {}, StatusCode::kResourceExhausted});
+  EXPECT_EQ(refused.error, "prompt too long");
+  EXPECT_EQ(refused.code, StatusCode::kResourceExhausted);
   Abort ab = round_trip(Abort{1, 99});
   EXPECT_EQ(ab.engine, 1);
   EXPECT_EQ(ab.id, 99u);
@@ -150,13 +153,16 @@ TEST(EngineMessages, TheRestRoundTrip) {
   EXPECT_EQ(t.stats.n_waiting, 4);
   EXPECT_EQ(t.stats.n_preemptions, int64_t{1} << 35);
   EXPECT_EQ(t.stats.n_free_blocks, 9);
-  Event e{1, Event::Kind::kFinished, 5, 6, 0.25, "stop"};
+  Event e{1, Event::Kind::kFinished, 5, 6, 0.25, "stop", ""};
   Event f = round_trip(e);
   EXPECT_EQ(f.kind, Event::Kind::kFinished);
   EXPECT_EQ(f.n_prompt_tokens, 5);
   EXPECT_EQ(f.n_generated_tokens, 6);
   EXPECT_EQ(f.seconds, 0.25);
   EXPECT_EQ(f.finish_reason, "stop");
+  Event lost = round_trip(Event{1, Event::Kind::kLost, 0, 0, 0.0, "", "rank 1 (pid 7) was killed"});
+  EXPECT_EQ(lost.kind, Event::Kind::kLost);
+  EXPECT_EQ(lost.error, "rank 1 (pid 7) was killed");
   EXPECT_EQ(round_trip(Reject{"no"}).error, "no");
   EXPECT_EQ(round_trip(Shutdown{"rank 2 never came"}).error, "rank 2 never came");
   EXPECT_EQ(round_trip(Shutdown{}).error, "");
