@@ -30,7 +30,7 @@ PROMPT ?= The three most useful things to know about the ocean are
 SERVE_APT_PACKAGES := cmake ninja-build pkg-config g++ ccache unzip nlohmann-json3-dev libonig-dev \
 	libicu-dev libcli11-dev libssl-dev libspdlog-dev libfmt-dev libcurl4-openssl-dev libgloo-dev \
 	libnuma-dev libzmq3-dev cppzmq-dev libboost-dev
-TEST_APT_PACKAGES := libgtest-dev libbenchmark-dev debootstrap prometheus chromium chromium-driver
+TEST_APT_PACKAGES := libgtest-dev libbenchmark-dev debootstrap prometheus chromium chromium-driver iproute2
 
 # Every build goes through ccache, its store in the cache outside the repository: it is
 # keyed by the preprocessed source and flags (not by paths: BASEDIR/NOHASHDIR), so a
