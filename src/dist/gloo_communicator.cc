@@ -16,9 +16,9 @@
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/attr.h>
+
+#include "dist/gloo_mesh.h"
 
 namespace dserve::dist {
 namespace {
@@ -210,7 +210,13 @@ Result<std::unique_ptr<Communicator>> connect_gloo(GroupOptions options) {
   // 1. Announce ourselves, then wait for every rank: a missing one is named here,
   //    before gloo starts waiting on it with a less telling message.
   const std::string me = host_name() + " pid " + std::to_string(::getpid());
-  DS_RETURN_IF_ERROR(store->try_set("dserve/rank/" + std::to_string(rank), options.fingerprint + '\n' + me));
+  // Claimed, not set: a second process with this rank must not take the first one's place.
+  const std::string announcement = options.fingerprint + '\n' + me;
+  DS_ASSIGN_OR_RETURN(std::string holder, store->claim("dserve/rank/" + std::to_string(rank), announcement));
+  if (holder != announcement) {
+    return io_error("rank " + std::to_string(rank) + " of the group at " + where + " is taken already, by " +
+                    holder.substr(holder.rfind('\n') + 1) + ": two processes were started as the same rank");
+  }
   std::vector<std::string> fingerprints(world), peers(world);
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
   for (int r = 0; r < world; ++r) {
@@ -248,31 +254,30 @@ Result<std::unique_ptr<Communicator>> connect_gloo(GroupOptions options) {
     }
   }
 
-  // 2. gloo connects its pairs through the same store, under a prefix of our own.
+  // 2. gloo connects its pairs through the same store (gloo_mesh.h: checked, and made
+  //    again on fresh ports when a stranger got in the way).
   gloo::transport::tcp::attr attr;
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
     attr.iface = ifname;
   } else {
     attr.hostname = local_address_towards(options.master_addr, options.master_port);
   }
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  try {
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    context = std::make_shared<gloo::rendezvous::Context>(rank, world);
-    context->setTimeout(options.timeout);
-    gloo::rendezvous::PrefixStore prefixed("gloo", *store);
-    context->connectFullMesh(prefixed, device);
-  } catch (const std::exception& e) {
-    return io_error("rank " + std::to_string(rank) + ": gloo could not connect the group through " + where + ": " +
-                    e.what());
-  }
+  MeshOptions mesh;
+  mesh.rank = rank;
+  mesh.world_size = world;
+  mesh.where = where;
+  mesh.timeout = options.timeout;
+  mesh.attempt_timeout = options.connect_attempt_timeout;
+  mesh.before_connecting_pairs = options.before_connecting_pairs;
+  Result<std::shared_ptr<gloo::Context>> context = connect_verified_mesh(*store, attr, mesh);
+  if (!context.ok()) return context.status();
   bool one_host = true;  // peers[r] is "host pid N"
   for (int r = 1; r < world; ++r) {
     one_host = one_host && peers[r].substr(0, peers[r].rfind(" pid ")) == peers[0].substr(0, peers[0].rfind(" pid "));
   }
   const char* shm_env = std::getenv("DSERVE_SHM_ALL_REDUCE");
   const bool shm = options.shared_memory && one_host && !(shm_env != nullptr && std::string(shm_env) == "0");
-  std::unique_ptr<Communicator> comm = std::make_unique<GlooCommunicator>(context, std::move(peers));
+  std::unique_ptr<Communicator> comm = std::make_unique<GlooCommunicator>(*context, std::move(peers));
   if (shm) {
     DS_ASSIGN_OR_RETURN(comm, connect_shm_all_reduce(std::move(comm), *store, std::to_string(options.master_port),
                                                      options.shm_slot_bytes));

@@ -1,13 +1,16 @@
 // The gloo implementation of Communicator (TCP transport), and the rendezvous that
 // builds a group from an address and port: rank 0 serves a TcpStore there, every rank
-// announces itself with a fingerprint of its configuration, and gloo connects a full
-// mesh of TCP pairs through the same store.
+// claims its rank with a fingerprint of its configuration (a rank claimed twice is an
+// error for the second claimer), and gloo connects a full mesh of TCP pairs through the
+// same store, checked pair by pair (gloo_mesh.h: a stranger on a rank's port makes the
+// ranks connect again on fresh ports, never takes the rank's place).
 //
 // GLOO_SOCKET_IFNAME (as PyTorch and vLLM read it) names the interface the pairs bind
 // to; without it, the address this machine uses to reach master_addr.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +39,10 @@ struct GroupOptions {
   // environment variable DSERVE_SHM_ALL_REDUCE=0 turns it off (to compare).
   bool shared_memory = true;
   size_t shm_slot_bytes = kDefaultShmSlotBytes;
+  // One attempt at connecting the TCP pairs (gloo_mesh.h), within `timeout`.
+  std::chrono::milliseconds connect_attempt_timeout{10'000};
+  // Tests: see MeshOptions::before_connecting_pairs.
+  std::function<void(int attempt)> before_connecting_pairs;
 };
 
 // Sets SIGPIPE to ignored (process-wide), so a peer that dies fails a collective

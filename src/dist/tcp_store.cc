@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -76,11 +77,31 @@ Result<sockaddr_in> resolve(const std::string& host, int port) {
   return addr;
 }
 
+// Reads exactly n bytes before `deadline`; false on a timeout, an error or the end.
+bool read_before(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    const int rc = ::poll(&pfd, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return false;
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
 }  // namespace
 
 // ---- server ----
 
-Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int port) {
+Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int port,
+                                                              std::chrono::milliseconds handshake_timeout) {
   if (port < 0 || port > 65535) return invalid_argument("port " + std::to_string(port) + " is out of range");
   DS_ASSIGN_OR_RETURN(sockaddr_in addr, resolve(host, port));
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -103,13 +124,15 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string&
   }
   socklen_t len = sizeof addr;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  auto server = std::unique_ptr<TcpStoreServer>(new TcpStoreServer(fd, ntohs(addr.sin_port)));
+  auto server =
+      std::unique_ptr<TcpStoreServer>(new TcpStoreServer(fd, ntohs(addr.sin_port), handshake_timeout));
   if (::pipe2(server->wake_pipe_, O_CLOEXEC) != 0) return io_error("pipe2 failed");
   server->acceptor_ = std::thread([s = server.get()] { s->accept_loop(); });
   return server;
 }
 
-TcpStoreServer::TcpStoreServer(int listen_fd, int port) : listen_fd_(listen_fd), port_(port) {}
+TcpStoreServer::TcpStoreServer(int listen_fd, int port, std::chrono::milliseconds handshake_timeout)
+    : listen_fd_(listen_fd), port_(port), handshake_timeout_(handshake_timeout) {}
 
 TcpStoreServer::~TcpStoreServer() {
   stopping_ = true;
@@ -149,7 +172,23 @@ void TcpStoreServer::accept_loop() {
   }
 }
 
+bool TcpStoreServer::handshake(int fd) {
+  char hello[sizeof kStoreHello];
+  if (!read_before(fd, hello, sizeof hello, std::chrono::steady_clock::now() + handshake_timeout_) ||
+      std::memcmp(hello, kStoreHello, sizeof hello) != 0) {
+    return false;
+  }
+  const char ack = 'H';
+  return write_all(fd, &ack, 1);
+}
+
 void TcpStoreServer::serve_client(int fd) {
+  // A stranger (silent, or not speaking this protocol) is dropped here: the socket's
+  // end tells it, and nothing it sent reaches the store.
+  if (!handshake(fd)) {
+    ::shutdown(fd, SHUT_RDWR);
+    return;
+  }
   std::vector<char> key, value;
   for (;;) {
     char op = 0;
@@ -163,6 +202,19 @@ void TcpStoreServer::serve_client(int fd) {
       }
       char ok = 'K';
       if (!write_all(fd, &ok, 1)) return;
+    } else if (op == 'C') {
+      if (!read_blob(fd, kMaxValueBytes, &value)) return;
+      std::vector<char> holder;
+      bool taken = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto [it, inserted] = values_.try_emplace(k, value);
+        taken = !inserted;
+        if (taken) holder = it->second;
+      }
+      const char tag = taken ? 'V' : 'K';
+      if (!write_all(fd, &tag, 1)) return;
+      if (taken && !write_blob(fd, holder.data(), static_cast<uint32_t>(holder.size()))) return;
     } else if (op == 'G') {
       std::vector<char> found;
       bool present = false;
@@ -196,6 +248,16 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const std::string& host, int
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      char ack = 0;
+      if (!write_all(fd, kStoreHello, sizeof kStoreHello) ||
+          !read_before(fd, &ack, 1,
+                       std::chrono::steady_clock::now() +
+                           std::clamp<std::chrono::milliseconds>(timeout, std::chrono::seconds(1), kHandshakeTimeout)) ||
+          ack != 'H') {
+        ::close(fd);
+        return io_error(host + ":" + std::to_string(port) +
+                        " did not answer as a dserve rendezvous (another program on the port?)");
+      }
       return std::unique_ptr<TcpStore>(new TcpStore(fd, host, port, timeout));
     }
     last_error = std::strerror(errno);
@@ -218,7 +280,7 @@ Status TcpStore::request(char op, const std::string& key, const std::vector<char
   if (!sent || !read_all(fd_, reply, 1)) {
     return io_error("lost the connection to rank 0's rendezvous at " + endpoint() + " (rank 0 exited?)");
   }
-  if (*reply == 'V' && !read_blob(fd_, kMaxValueBytes, reply_value)) {
+  if (*reply == 'V' && (reply_value == nullptr || !read_blob(fd_, kMaxValueBytes, reply_value))) {
     return io_error("lost the connection to rank 0's rendezvous at " + endpoint());
   }
   return Status::Ok();
@@ -228,6 +290,15 @@ Status TcpStore::try_set(const std::string& key, const std::string& value) {
   std::vector<char> v(value.begin(), value.end());
   char reply = 0;
   return request('S', key, &v, &reply, nullptr);
+}
+
+Result<std::string> TcpStore::claim(const std::string& key, const std::string& value) {
+  std::vector<char> v(value.begin(), value.end());
+  char reply = 0;
+  std::vector<char> holder;
+  DS_RETURN_IF_ERROR(request('C', key, &v, &reply, &holder));
+  if (reply == 'K') return value;
+  return std::string(holder.begin(), holder.end());
 }
 
 Result<std::string> TcpStore::try_get(const std::string& key) {

@@ -1,7 +1,10 @@
 // The gloo Communicator with its ranks as real processes on localhost (fork): each
 // collective's result is checked against the value computed directly from every
 // rank's input, and a missing rank, a dead rank, a port in use and a mismatched
-// configuration each end in one clear error instead of a hang.
+// configuration each end in one clear error instead of a hang. Strangers: plain TCP
+// clients that connect to the rendezvous port, or to a rank's gloo pair port, and send
+// nothing or junk, never take a rank's place nor stop the group from forming; a rank
+// started twice is refused to the second process.
 #include "dist/gloo_communicator.h"
 #include "test_support/net.h"
 
@@ -11,6 +14,10 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <poll.h>
+#include <arpa/inet.h>
+#include <atomic>
+#include <cstddef>
 #include <unistd.h>
 
 #include <chrono>
@@ -330,6 +337,192 @@ TEST(TcpStore, MalformedClientIsDroppedAndOthersStillServed) {
   EXPECT_EQ(*v, "v");
   EXPECT_EQ((*client)->try_get("absent").status().code(), StatusCode::kNotFound);
 }
+
+}  // namespace
+}  // namespace dserve::dist
+
+namespace dserve::dist {
+namespace {
+
+// A plain TCP client of 127.0.0.1:port that sends `bytes` (maybe none); -1 on failure.
+int connect_stranger(int port, const std::string& bytes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  if (!bytes.empty() && ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) <= 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when the peer closes `fd` within `limit` (whatever it sent first is read away).
+bool closed_within(int fd, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[256];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+}
+
+std::string u32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), sizeof v); }
+
+TEST(TcpStore, StrangersAreDroppedWithoutTouchingTheStore) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, /*handshake_timeout=*/500ms);
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  const int silent = connect_stranger(port, "");
+  const int junk = connect_stranger(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  // A set in the store's own framing, without the hello: a stray client of it.
+  const std::string key = "dserve/rank/1";
+  const int unannounced = connect_stranger(port, "S" + u32(key.size()) + key + u32(4) + "evil");
+  ASSERT_GE(silent, 0);
+  ASSERT_GE(junk, 0);
+  ASSERT_GE(unannounced, 0);
+  // A rank is served while the silent stranger waits.
+  auto client = TcpStore::connect("127.0.0.1", port, 2s);
+  ASSERT_TRUE(client.ok()) << client.status().message();
+  EXPECT_EQ((*client)->try_get(key).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(closed_within(junk, 2s));
+  EXPECT_TRUE(closed_within(unannounced, 2s));
+  EXPECT_TRUE(closed_within(silent, 3s)) << "a silent stranger is dropped after the handshake timeout";
+  for (int fd : {silent, junk, unannounced}) ::close(fd);
+  // A claim holds: the second claimer learns who has the key.
+  auto other = TcpStore::connect("127.0.0.1", port, 2s);
+  ASSERT_TRUE(other.ok());
+  auto first = (*client)->claim(key, "host-a pid 1");
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, "host-a pid 1");
+  auto second = (*other)->claim(key, "host-b pid 2");
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*second, "host-a pid 1");
+  EXPECT_EQ(*(*other)->try_get(key), "host-a pid 1");
+}
+
+TEST(TcpStore, APortThatDoesNotAnswerTheHelloIsAClearError) {
+  // A listener that accepts and says nothing: not a dserve rendezvous.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  auto client = TcpStore::connect("127.0.0.1", ntohs(addr.sin_port), 500ms);
+  ::close(fd);
+  ASSERT_FALSE(client.ok());
+  EXPECT_NE(client.status().message().find("did not answer as a dserve rendezvous"), std::string::npos)
+      << client.status().message();
+}
+
+// Connects and checks one all_reduce; 0 on success.
+int join_and_reduce(GroupOptions o, RankReport* report) {
+  const int rank = o.rank, world = o.world_size;
+  auto comm = connect_gloo(std::move(o));
+  if (!comm.ok()) {
+    report_error(report, comm.status());
+    return 1;
+  }
+  std::vector<float> v(16, static_cast<float>(rank + 1));
+  if (Status s = (*comm)->all_reduce_sum(v); !s.ok()) {
+    report_error(report, s);
+    return 2;
+  }
+  return v[0] == static_cast<float>(world * (world + 1) / 2) ? 0 : 3;
+}
+
+TEST(GlooRendezvous, ARankStartedTwiceIsRefusedAndTheFirstKeepsItsPlace) {
+  const int port = test::free_port();
+  auto reports = run_ranks({0, 1, 1}, [&](int rank, RankReport* rep) {
+    return join_and_reduce(options_for(rank, 2, port, 20s), rep);
+  });
+  EXPECT_EQ(reports[0].exit_code, 0) << reports[0].message;
+  // One of the two rank-1 processes joined; the other was told the rank is taken.
+  const int loser = reports[1].exit_code == 0 ? 2 : 1;
+  EXPECT_EQ(reports[3 - loser].exit_code, 0) << reports[3 - loser].message;
+  EXPECT_EQ(reports[loser].exit_code, 1);
+  EXPECT_NE(std::string(reports[loser].message).find("rank 1 of the group at 127.0.0.1:" + std::to_string(port) +
+                                                     " is taken already, by "),
+            std::string::npos) << reports[loser].message;
+}
+
+// What the stranger and the ranks share across fork.
+struct StrangerScene {
+  std::atomic<int> stranger_in{0};  // the stranger holds a connection to a pair port
+  std::atomic<int> last_attempt{0};
+};
+
+// A pair's listening port from gloo's published address bytes (a sockaddr first), in
+// network byte order as gloo compares them.
+uint16_t raw_port(const std::string& address) {
+  uint16_t raw = 0;
+  std::memcpy(&raw, address.data() + offsetof(sockaddr_in, sin_port), sizeof raw);
+  return raw;
+}
+
+class PairPortStranger : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PairPortStranger, MakesTheRanksConnectAgainOnFreshPorts) {
+  const int port = test::free_port();
+  auto* scene = static_cast<StrangerScene*>(
+      ::mmap(nullptr, sizeof(StrangerScene), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (scene) StrangerScene();
+  const std::string junk = GetParam();
+  const auto start = std::chrono::steady_clock::now();
+  auto reports = run_ranks({0, 1, 2}, [&](int who, RankReport* rep) {
+    if (who == 2) {
+      // The stranger: it learns the pairs' ports (as a port scanner would find them)
+      // and connects to the one whose rank will accept (gloo's listening side: the
+      // lower port) before the other rank connects there.
+      auto store = TcpStore::connect("127.0.0.1", port, 10s);
+      if (!store.ok()) return 10;
+      std::string a0, a1;
+      for (int i = 0; i < 2000 && (a0.empty() || a1.empty()); ++i) {
+        if (auto v = (*store)->try_get("gloo/0/0"); v.ok()) a0 = *v;
+        if (auto v = (*store)->try_get("gloo/0/1"); v.ok()) a1 = *v;
+        std::this_thread::sleep_for(5ms);
+      }
+      if (a0.empty() || a1.empty()) return 11;
+      const std::string& listening = raw_port(a0) < raw_port(a1) ? a0 : a1;
+      const int fd = connect_stranger(ntohs(raw_port(listening)), junk);
+      if (fd < 0) return 12;
+      scene->stranger_in = 1;
+      // The rank that accepted it drops it when the attempt fails.
+      const bool dropped = closed_within(fd, 20s);
+      ::close(fd);
+      return dropped ? 0 : 13;
+    }
+    GroupOptions o = options_for(who, 2, port, 30s);
+    o.connect_attempt_timeout = 2s;
+    o.before_connecting_pairs = [scene](int attempt) {
+      scene->last_attempt = std::max(scene->last_attempt.load(), attempt);
+      for (int i = 0; attempt == 0 && scene->stranger_in == 0 && i < 2000; ++i) std::this_thread::sleep_for(5ms);
+    };
+    return join_and_reduce(std::move(o), rep);
+  });
+  EXPECT_EQ(reports[0].exit_code, 0) << reports[0].message;
+  EXPECT_EQ(reports[1].exit_code, 0) << reports[1].message;
+  EXPECT_EQ(reports[2].exit_code, 0) << "stranger: " << reports[2].exit_code;
+  EXPECT_EQ(scene->last_attempt.load(), 1) << "the ranks connected again once";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  ::munmap(scene, sizeof(StrangerScene));
+}
+
+INSTANTIATE_TEST_SUITE_P(SilentOrJunk, PairPortStranger,
+                         ::testing::Values(std::string(), std::string(64, 'x') + "not a gloo rank\n"),
+                         [](const auto& info) { return info.param.empty() ? "Silent" : "Junk"; });
 
 }  // namespace
 }  // namespace dserve::dist
