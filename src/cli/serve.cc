@@ -357,6 +357,7 @@ int run_headless(const ServeOptions& o, const std::string& model_path, const Llm
   hc.startup_timeout_s = o.tp.timeout_s;
   hc.heartbeat_timeout_s = o.dp.heartbeat_timeout_s;
   hc.lockstep = !expert_comms->empty();
+  for (const auto& c : *expert_comms) hc.lockstep_groups.push_back(c.get());
   HeadlessEngines headless(hc);
   EngineLoaders loaders;  // outlives the engines
   Result<std::vector<std::unique_ptr<AsyncLlm>>> engines = start_engines(
@@ -489,14 +490,16 @@ engine_msg::NodeConfig node_config(const ServeOptions& o, const std::string& mod
 // The API server's DpEngineClient: over this node's engines and the other nodes' ranks,
 // which connect to --data-parallel-rpc-port.
 DpEngineClientConfig dp_client_config(const ServeOptions& o, const engine_msg::NodeConfig& node,
-                                      bool lockstep, server::ServerMetrics& metrics) {
+                                      const std::vector<std::unique_ptr<dist::Communicator>>& lockstep,
+                                      server::ServerMetrics& metrics) {
   DpEngineClientConfig dc;
   dc.data_parallel_size = o.dp.size;
   dc.rpc_port = o.dp.rpc_port;
   dc.node = node;
   dc.startup_timeout_s = o.tp.timeout_s;
   dc.deadlines = {o.dp.heartbeat_timeout_s, o.dp.step_timeout_s};
-  dc.lockstep = lockstep;
+  dc.lockstep = !lockstep.empty();
+  for (const auto& c : lockstep) dc.lockstep_groups.push_back(c.get());
   dc.observer = [&metrics](int rank) { return metrics.engine(rank); };
   return dc;
 }
@@ -656,7 +659,6 @@ int run_api_server(const ServeOptions& o, const std::string& model_path, const L
   // it, so it goes after them.
   Result<std::vector<std::unique_ptr<dist::Communicator>>> expert_comms = connect_engines(o, node);
   if (!expert_comms.ok()) return report_error(expert_comms.status());
-  const bool lockstep = !expert_comms->empty();
   server::ServerMetrics metrics(o.served_model_name.front(), o.dp.size);
   EngineLoaders loaders;  // outlives the engines
   Result<std::vector<std::unique_ptr<AsyncLlm>>> engines = start_engines(
@@ -668,7 +670,7 @@ int run_api_server(const ServeOptions& o, const std::string& model_path, const L
     client = std::move(local.front());
   } else {
     Result<std::unique_ptr<DpEngineClient>> dp =
-        DpEngineClient::create(dp_client_config(o, node, lockstep, metrics), std::move(local));
+        DpEngineClient::create(dp_client_config(o, node, *expert_comms, metrics), std::move(local));
     if (!dp.ok()) return report_error(dp.status());
     if (Status s = (*dp)->wait_for_engines(); !s.ok()) {
       (*dp)->set_shutdown_error(s.message());

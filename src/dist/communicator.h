@@ -10,7 +10,8 @@
 // all_reduce_sum adds in a fixed order, ((x_0 + x_1) + x_2) + ..., the same on every
 // rank and in every run: results are bit-identical across ranks and reproducible.
 //
-// Thread-safety: one thread drives a Communicator (collectives are ordered calls).
+// Thread-safety: one thread drives a Communicator (collectives are ordered calls);
+// abort() alone may be called from any other thread.
 #pragma once
 
 #include <chrono>
@@ -54,6 +55,11 @@ class Communicator {
 
   // What the implementation counted (calls, time), for the logs; "" when nothing.
   virtual std::string stats() const { return {}; }
+
+  // Fails the collective in progress and every later one with `why`, at once. For a
+  // group that learnt by other means that a member is gone: a hung peer (stopped, cut
+  // off) would otherwise hold the collective for the whole timeout.
+  virtual void abort(const std::string& why) {}
 };
 
 // The group of one: every collective is the identity, so today's single-process path

@@ -34,6 +34,7 @@ class CountingCommunicator final : public Communicator {
   // "collectives on rank 0 (gloo/tcp + shared memory): 1488 all_reduce_sum 0.41 s, ...;
   // 0.52 s in all, 4.1% of the 12.6 s since the group connected".
   std::string stats() const override;
+  void abort(const std::string& why) override { inner_->abort(why); }
 
  private:
   enum Op { kAllReduce, kAllGather, kBroadcast, kBarrier, kAllToAll, kAllToAllV, kNumOps };

@@ -1,6 +1,7 @@
 #include "dist/gloo_communicator.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <csignal>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -9,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include <gloo/allgather.h>
@@ -16,7 +19,9 @@
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/pair.h>
 
 #include "dist/gloo_mesh.h"
 
@@ -71,6 +76,43 @@ Status abort_rendezvous(TcpStore& store, int rank, Status error) {
   return error;
 }
 
+// Shuts down (without closing: the fd stays gloo's) this process's TCP connections of
+// the context's pairs, found by their local addresses: gloo's loop then sees them end
+// and fails every operation waiting on them. gloo offers no call that does this.
+void shut_down_pair_connections(gloo::Context& context) {
+  std::vector<sockaddr_storage> locals;
+  for (int r = 0; r < context.size; ++r) {
+    if (r == context.rank || !context.getPair(r)) continue;
+    locals.push_back(static_cast<const gloo::transport::tcp::Address&>(context.getPair(r)->address()).getSockaddr());
+  }
+  auto same = [](const sockaddr_storage& a, const sockaddr_storage& b) {
+    if (a.ss_family != b.ss_family) return false;
+    if (a.ss_family == AF_INET) {
+      const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+      const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+      return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+    }
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  };
+  DIR* fds = ::opendir("/proc/self/fd");
+  if (fds == nullptr) return;
+  while (dirent* e = ::readdir(fds)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(fds)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t len = sizeof local, peer_len = sizeof peer;
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    for (const sockaddr_storage& want : locals) {
+      if (same(local, want)) ::shutdown(static_cast<int>(fd), SHUT_RDWR);
+    }
+  }
+  ::closedir(fds);
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::Context> context, std::vector<std::string> peers)
@@ -81,6 +123,15 @@ class GlooCommunicator final : public Communicator {
   std::string name() const override { return "gloo/tcp"; }
   void set_timeout(std::chrono::milliseconds timeout) override { context_->setTimeout(timeout); }
   std::chrono::milliseconds timeout() const override { return context_->getTimeout(); }
+
+  void abort(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (!abort_reason_.empty()) return;
+      abort_reason_ = why;
+    }
+    shut_down_pair_connections(*context_);
+  }
 
   Status all_reduce_sum(std::span<float> data) override {
     // Gather, then add in rank order on every rank: the result does not depend on the
@@ -167,9 +218,14 @@ class GlooCommunicator final : public Communicator {
   Status run(const char* op, F&& f) {
     if (!broken_.ok()) return broken_;
     try {
+      if (std::string why = abort_reason(); !why.empty()) throw std::runtime_error(why);
       f();
       return Status::Ok();
     } catch (const std::exception& e) {
+      if (std::string why = abort_reason(); !why.empty()) {
+        broken_ = io_error("rank " + std::to_string(rank()) + ": " + op + " failed: " + why);
+        return broken_;
+      }
       std::string peers;
       for (size_t r = 0; r < peers_.size(); ++r) {
         if (static_cast<int>(r) == rank()) continue;
@@ -181,8 +237,15 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return abort_reason_;
+  }
+
   std::shared_ptr<gloo::Context> context_;
   std::vector<std::string> peers_;  // [size] "host:pid" of each rank, for error messages
+  mutable std::mutex abort_mu_;
+  std::string abort_reason_;  // GUARDED_BY(abort_mu_): set once by abort()
   std::vector<float> scratch_;
   uint32_t tag_ = 1;
   Status broken_;

@@ -169,6 +169,8 @@ class ShmCommunicator final : public Communicator {
   Status all_to_all(std::span<const std::byte> in, std::span<std::byte> out) override {
     return checked(inner_->all_to_all(in, out));
   }
+  // The shared-memory wait notices a dead rank by itself; a hung one ends at the timeout.
+  void abort(const std::string& why) override { inner_->abort(why); }
   Status all_to_all_v(std::span<const std::byte> in, const std::vector<int64_t>& in_counts,
                       std::span<std::byte> out, const std::vector<int64_t>& out_counts) override {
     return checked(inner_->all_to_all_v(in, in_counts, out, out_counts));

@@ -254,6 +254,10 @@ void DpEngineClient::end_request(int64_t first, const std::string& reason, const
 }
 
 void DpEngineClient::engine_lost(int rank, const std::string& error) {
+  // Lockstep: the engines here may wait in a collective for the lost one.
+  if (config_.lockstep) {
+    for (dist::Communicator* group : config_.lockstep_groups) group->abort(error);
+  }
   std::vector<int64_t> affected;
   for (const auto& [first, r] : requests_)
     if (r.rank == rank) affected.push_back(first);

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "dserve/async_llm.h"
+#include "dist/communicator.h"
 #include "dserve/engine_client.h"
 #include "engine/engine_messages.h"
 #include "engine/node_watch.h"
@@ -64,6 +65,9 @@ struct DpEngineClientConfig {
   // The engines step in lockstep (expert parallelism): one lost engine stops them all,
   // so healthy() needs every engine, not one, and nothing is placed again.
   bool lockstep = false;
+  // The local engines' lockstep groups (borrowed): aborted when an engine is lost, so
+  // that a local engine waiting in a collective for a hung peer fails at once.
+  std::vector<dist::Communicator*> lockstep_groups;
 };
 
 class DpEngineClient : public EngineClient {

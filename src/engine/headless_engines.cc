@@ -411,6 +411,9 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
   while (!stop_.load() && loop.turn()) {
   }
   adder.close();
+  if (!loop.result().ok()) {
+    for (dist::Communicator* group : config_.lockstep_groups) group->abort(loop.result().message());
+  }
   for (auto& e : engines) e->abort_all();
   adder.join();
   engines.clear();  // joins the engine threads while the forwarders still exist

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "dserve/async_llm.h"
 #include "engine/engine_messages.h"
 
@@ -40,6 +41,9 @@ struct HeadlessConfig {
   // The engines step in lockstep (expert parallelism): when one fails, run() returns
   // its error (the group cannot go on without it).
   bool lockstep = false;
+  // This node's engines' lockstep groups (borrowed): aborted when this node leaves with
+  // an error, so that no engine waits in a collective for a hung API server's node.
+  std::vector<dist::Communicator*> lockstep_groups;
 };
 
 class HeadlessEngines {

@@ -520,6 +520,37 @@ TEST_P(PairPortStranger, MakesTheRanksConnectAgainOnFreshPorts) {
   ::munmap(scene, sizeof(StrangerScene));
 }
 
+TEST(GlooRendezvous, AbortFailsTheCollectiveInProgressAtOnce) {
+  const int port = test::free_port();
+  auto reports = run_ranks({0, 1}, [&](int rank, RankReport* rep) {
+    auto comm = connect_gloo(options_for(rank, 2, port, 30s));
+    if (!comm.ok()) {
+      report_error(rep, comm.status());
+      return 2;
+    }
+    if (rank == 1) {  // hangs: joins no collective, exits long after
+      std::this_thread::sleep_for(3s);
+      return 0;
+    }
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(300ms);
+      (*comm)->abort("data-parallel engine 1 was lost");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> v(64, 1.0f);
+    Status s = (*comm)->all_reduce_sum(v);
+    const auto took = std::chrono::steady_clock::now() - start;
+    aborter.join();
+    if (s.ok()) return 3;
+    report_error(rep, s);
+    if (took > 2s) return 4;  // well before the 30 s timeout, and before rank 1 exits
+    return (*comm)->barrier().ok() ? 5 : 1;
+  });
+  EXPECT_EQ(reports[0].exit_code, 1) << reports[0].message;
+  EXPECT_NE(std::string(reports[0].message).find("rank 0: all_gather failed: data-parallel engine 1 was lost"),
+            std::string::npos) << reports[0].message;
+}
+
 INSTANTIATE_TEST_SUITE_P(SilentOrJunk, PairPortStranger,
                          ::testing::Values(std::string(), std::string(64, 'x') + "not a gloo rank\n"),
                          [](const auto& info) { return info.param.empty() ? "Silent" : "Junk"; });
