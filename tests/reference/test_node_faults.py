@@ -14,7 +14,11 @@ engine 1), with short deadlines (--engine-heartbeat-timeout, --engine-step-timeo
   200; the node, let go (SIGCONT, link up, quota lifted), exits by itself and nothing is
   left in its namespace;
 - started again with the same command line, the node rejoins and takes requests
-  (engine 1's request counter in /metrics moves again).
+  (engine 1's request counter in /metrics moves again);
+- with tensor-parallel engines (TP 3 each), a rank of the API server's own engine
+  killed: that engine fails, its requests move to the node's engine (200, the same
+  text); the node then killed too: /health turns 503 and the API server exits with an
+  error, no rank left running.
 Expert parallelism and the rendezvous of a gloo group across namespaces:
 test_node_faults_groups.py.
 """
@@ -28,7 +32,7 @@ import openai
 import pytest
 
 import node_namespaces
-from server_util import free_port
+from server_util import free_port, free_port_run
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "A haiku about the sea:",
            "def fib(n):", "Hello, my name is", "Why is the sky blue?", "Water boils at"]
@@ -64,13 +68,14 @@ class Proc:
 class Cluster:
     """The API server's node here and one headless node in a namespace of `net`."""
 
-    def __init__(self, dserve_bin, model, net, tmp_path, heartbeat_s=HEARTBEAT_S, step_s=30):
+    def __init__(self, dserve_bin, model, net, tmp_path, heartbeat_s=HEARTBEAT_S, step_s=30, tp=1):
         self.dserve_bin, self.model, self.net, self.tmp_path = dserve_bin, model, net, tmp_path
         self.port, self.rpc = free_port(), free_port()
         self.flags = ["--data-parallel-size", 2, "--data-parallel-size-local", 1,
                       "--data-parallel-rpc-port", self.rpc, "--threads", 1, "--max-model-len", 512,
                       "--kv-cache-memory", 32 << 20, "--distributed-timeout", 60,
-                      "--engine-heartbeat-timeout", heartbeat_s, "--engine-step-timeout", step_s]
+                      "--engine-heartbeat-timeout", heartbeat_s, "--engine-step-timeout", step_s,
+                      "--tensor-parallel-size", tp, "--master-port", free_port_run(2)]
         self.head = Proc([dserve_bin, "serve", model, "--host", "127.0.0.1", "--port", self.port, *self.flags],
                          tmp_path / "head.log")
         self.nodes = []
@@ -274,3 +279,56 @@ def test_slow_node(cluster_factory, net):
         assert "declared this node lost" in c.node.log(), c.node.log()[-2000:]
     finally:
         throttle.close()
+
+
+def children(pid):
+    """The processes whose parent is `pid`."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def test_no_engine_left(cluster_factory, net):
+    c = cluster_factory(tp=3)
+    reference = c.complete_all()
+    workers = children(c.head.proc.pid)
+    assert len(workers) == 2, "the API server's engine did not start its two other ranks"
+    os.kill(workers[0], signal.SIGKILL)
+    # Engine 0 fails on its next step; what it had not answered moves to engine 1.
+    assert c.complete_all() == reference
+    log = c.head.log()
+    assert "engine step failed" in log and "placed again on the engines left" in log, log[-3000:]
+    assert c.get("/health")[0] == 200
+    m = c.metrics()
+    assert m[("dserve:engine_alive", "0", None)] == 0 and m[("dserve:engines_alive", None, None)] == 1
+    # The node's engine too: none is left.
+    health = []
+    c.node.proc.kill()
+    deadline = time.monotonic() + 30
+    while c.head.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            health.append(c.get("/health")[0])
+        except OSError:
+            pass
+        time.sleep(0.05)
+    assert c.head.wait(5) != 0
+    assert 503 in health, health
+    assert "lost engine(s) 1 on node" in c.head.log()
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    deadline = time.monotonic() + 10
+    while (running(workers[1]) or net.nodes[0].pids()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(workers[1]), "a rank of the API server's engine was left running"
+    assert not net.nodes[0].pids(), "a rank of the node's engine was left running"
