@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "base/log.h"
@@ -79,8 +82,9 @@ struct Node {
   std::unique_ptr<HeadlessEngines> headless;
   std::thread thread;
   Status status;
+  // wrap: the engine's observer in place of the node's own (which it is given).
   Node(const std::string& dir, int port, engine_msg::NodeConfig config, double timeout_s = 30,
-       double heartbeat_s = 3) {
+       double heartbeat_s = 3, std::function<EngineObserver*(EngineObserver*)> wrap = {}) {
     HeadlessConfig h;
     h.head_address = "127.0.0.1";
     h.rpc_port = port;
@@ -91,7 +95,7 @@ struct Node {
     h.heartbeat_timeout_s = heartbeat_s;
     headless = std::make_unique<HeadlessEngines>(h);
     std::vector<std::unique_ptr<AsyncLlm>> engines;
-    engines.push_back(engine(dir, headless->observer(0)));
+    engines.push_back(engine(dir, wrap ? wrap(headless->observer(0)) : headless->observer(0)));
     thread = std::thread([this, e = std::move(engines)]() mutable { status = headless->run(std::move(e)); });
   }
   ~Node() {
@@ -104,9 +108,9 @@ struct Seq {
   std::vector<int32_t> tokens;
   std::string finish, error;
 };
-Seq collect(OutputQueue& q) {
-  Seq s;
-  while (s.finish.empty()) {
+// Pops into `s` until it has tokens (tokens_only) or its finish.
+void take(OutputQueue& q, Seq& s, bool tokens_only = false) {
+  while (s.finish.empty() && !(tokens_only && !s.tokens.empty())) {
     for (OutputDelta& d : q.pop(std::chrono::milliseconds(100))) {
       s.tokens.insert(s.tokens.end(), d.token_ids.begin(), d.token_ids.end());
       if (d.finish_reason) {
@@ -115,6 +119,10 @@ Seq collect(OutputQueue& q) {
       }
     }
   }
+}
+Seq collect(OutputQueue& q) {
+  Seq s;
+  take(q, s);
   return s;
 }
 
@@ -214,48 +222,78 @@ TEST(DataParallel, ASilentNodesUnansweredRequestsMoveToTheEngineLeft) {
   EXPECT_TRUE(head.client->wait_idle(std::chrono::seconds(5)));
 }
 
-// Waits for the first delta with tokens of every queue.
-void wait_started(std::vector<std::shared_ptr<OutputQueue>>& queues, std::vector<Seq>& seqs) {
-  for (size_t i = 0; i < queues.size(); ++i) {
-    while (seqs[i].tokens.empty() && seqs[i].finish.empty()) {
-      for (OutputDelta& d : queues[i]->pop(std::chrono::milliseconds(100))) {
-        seqs[i].tokens.insert(seqs[i].tokens.end(), d.token_ids.begin(), d.token_ids.end());
-        if (d.finish_reason) seqs[i].finish = *d.finish_reason;
-      }
+// Forwards an engine's observer calls, and holds its engine thread in the second
+// token callback until released: the first token has gone out, the rest never comes.
+class Stall : public EngineObserver {
+ public:
+  explicit Stall(EngineObserver* inner) : inner_(inner) {}
+  void on_stats(const EngineStats& s) override { inner_->on_stats(s); }
+  void on_tokens(int64_t n_prompt, int64_t n_generated) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (++n_calls_ == 2) {
+      held_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_; });
     }
+    lock.unlock();
+    inner_->on_tokens(n_prompt, n_generated);
   }
-}
+  void on_first_token(double s) override { inner_->on_first_token(s); }
+  void on_inter_token(double s) override { inner_->on_inter_token(s); }
+  void on_finished(const std::string& r, int p, int g, double s) override { inner_->on_finished(r, p, g, s); }
+  void wait_held() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return held_; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  EngineObserver* inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_calls_ = 0;        // GUARDED_BY(mu_)
+  bool held_ = false;      // GUARDED_BY(mu_)
+  bool released_ = false;  // GUARDED_BY(mu_)
+};
 
 TEST(DataParallel, StartedRequestsOfALostNodeEndWithAnErrorAndARestartedNodeRejoins) {
   set_log_level("error");
   const std::string dir = write_tiny_llama();
   const int port = test::free_port();
   Head head(dir, port, 30, /*heartbeat_s=*/1);
-  auto node = std::make_unique<Node>(dir, port, node_config(dir), 30, 1);
+  std::unique_ptr<Stall> stall;
+  auto node = std::make_unique<Node>(dir, port, node_config(dir), 30, 1, [&](EngineObserver* inner) {
+    stall = std::make_unique<Stall>(inner);
+    return stall.get();
+  });
   ASSERT_TRUE(head.client->wait_for_engines().ok());
-  // Two long requests, one per engine, both under way.
+  // Two requests, one per engine; the node's has sent its first token, then its engine
+  // hangs.
   std::vector<std::shared_ptr<OutputQueue>> queues;
   for (int i = 0; i < 2; ++i) {
     queues.push_back(std::make_shared<OutputQueue>());
     ASSERT_TRUE(head.client->add_request(prompt_of(i), greedy(150), queues.back(), 0).ok());
   }
+  stall->wait_held();
   std::vector<Seq> seqs(2);
-  wait_started(queues, seqs);
+  for (int i = 0; i < 2; ++i) take(*queues[i], seqs[i], /*tokens_only=*/true);  // both started here
   const auto lost_at = std::chrono::steady_clock::now();
-  node.reset();
-  std::vector<std::string> finishes;
-  for (int i = 0; i < 2; ++i) {
-    Seq rest = collect(*queues[i]);
-    finishes.push_back(rest.finish);
-    if (rest.finish == "error") {
-      EXPECT_NE(rest.error.find("was lost: stopped answering"), std::string::npos) << rest.error;
-    }
-  }
-  std::sort(finishes.begin(), finishes.end());
-  EXPECT_EQ(finishes, (std::vector<std::string>{"error", "length"}));
+  node->headless->stop();  // and the node goes silent
+  for (int i = 0; i < 2; ++i) take(*queues[i], seqs[i]);
+  std::sort(seqs.begin(), seqs.end(), [](const Seq& a, const Seq& b) { return a.finish < b.finish; });
+  ASSERT_EQ(seqs[0].finish, "error");
+  EXPECT_EQ(seqs[1].finish, "length");
+  EXPECT_FALSE(seqs[0].tokens.empty()) << "it had started";
+  EXPECT_NE(seqs[0].error.find("was lost: stopped answering"), std::string::npos) << seqs[0].error;
   EXPECT_LT(std::chrono::steady_clock::now() - lost_at, std::chrono::seconds(5));
   EXPECT_EQ(head.counters[1].errors.load(), 1);
   EXPECT_TRUE(head.client->healthy());
+  stall->release();
+  node.reset();
 
   // The node again, same ranks: it takes requests again.
   node = std::make_unique<Node>(dir, port, node_config(dir), 30, 1);
