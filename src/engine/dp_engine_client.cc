@@ -124,7 +124,11 @@ void DpEngineClient::change_work(int rank, int64_t delta) {
 Status DpEngineClient::place(std::unique_lock<std::mutex>& lock, int64_t first) {
   for (;;) {
     Request& r = requests_.at(first);  // never erased while placing
-    if (r.n_unfinished == 0) return Status::Ok();  // the caller aborted it all meanwhile
+    if (r.n_unfinished == 0) {  // the caller aborted it all while it moved
+      requests_.erase(first);
+      cv_.notify_all();
+      return Status::Ok();
+    }
     if (stopping_) return Status(StatusCode::kResourceExhausted, "the server is shutting down");
     const int rank = pick_engine();
     if (rank < 0) return internal_error("no data-parallel engine is left to serve requests");
