@@ -28,6 +28,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/serving.h"
+#include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve::cli {
@@ -87,6 +88,10 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
                   "contradict is an error");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "reuse KV blocks of shared prompt prefixes (default on)");
+  cmd->add_option("--speculative-config", o->speculative_config,
+                  "speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", "
+                  "\"num_speculative_tokens\": K, \"prompt_lookup_min\": a, \"prompt_lookup_max\": b} "
+                  "or {\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": N}");
   cmd->add_option("--chat-template", o->chat_template,
                   "a Jinja chat template file (or the template itself) instead of the model's");
   cmd->add_option("--reasoning-parser", o->reasoning_parser,
@@ -435,6 +440,11 @@ Result<LlmOptions> llm_options(const ServeOptions& o, const std::string& model_p
   lo.gpu_memory_utilization = o.gpu_memory_utilization;
   lo.max_model_len = o.max_model_len;
   lo.enable_prefix_caching = o.enable_prefix_caching;
+  lo.speculative_config = o.speculative_config;
+  if (!o.speculative_config.empty()) {  // refused before the model loads
+    Result<spec::SpeculativeConfig> sc = spec::SpeculativeConfig::parse(o.speculative_config);
+    if (!sc.ok()) return sc.status();
+  }
   lo.seed = o.seed;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;

@@ -40,6 +40,7 @@ struct ServeOptions {
   std::string dtype = "auto";
   std::string quantization;
   bool enable_prefix_caching = true;
+  std::string speculative_config;  // vLLM's JSON; empty: off
   std::string chat_template;
   std::string reasoning_parser;
   bool enable_auto_tool_choice = false;

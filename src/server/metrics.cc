@@ -151,6 +151,21 @@ std::string ServerMetrics::render() const {
           [](const Engine& e) { return e.stats.n_prefix_hit_tokens; });
   counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
           [](const Engine& e) { return e.stats.n_preemptions; });
+  counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+          [](const Engine& e) { return e.stats.spec.n_drafts; });
+  counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+          [](const Engine& e) { return e.stats.spec.n_draft_tokens; });
+  counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+          [](const Engine& e) { return e.stats.spec.n_accepted_tokens; });
+  header(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Accepted tokens per draft position.");
+  for (const auto& e : engines_) {
+    const std::vector<int64_t>& per_pos = e->stats.spec.n_accepted_per_pos;
+    for (size_t i = 0; i < per_pos.size(); ++i) {
+      out += fmt::format("vllm:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n",
+                         e->labels, i, per_pos[i]);
+    }
+  }
   counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
           [](const Engine& e) { return e.prompt_tokens; });
   counter("vllm:generation_tokens", "Number of generation tokens processed.",
