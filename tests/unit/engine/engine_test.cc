@@ -271,6 +271,44 @@ TEST_F(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
   }
 }
 
+// Prompt-lookup drafts verified inside the batch: greedy and seeded-sampled requests
+// (with penalties) give the tokens they give without drafts, with ample blocks and
+// with a pool so small that requests are preempted; every block comes back.
+TEST_F(EngineTest, SpeculativeDecodingKeepsEveryOutput) {
+  std::vector<Req> reqs = random_requests(12, 30, 9);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Req& r = reqs[i];
+    const std::vector<int32_t> passage = r.prompt;
+    for (int k = 0; k < 2; ++k) r.prompt.insert(r.prompt.end(), passage.begin(), passage.end());
+    r.options.max_tokens = 10 + static_cast<int>(i);
+    if (i % 2 == 1) {
+      r.options.temperature = 0.8f;
+      r.options.repetition_penalty = 1.1f;
+      r.options.seed = 40 + i;
+    }
+  }
+  spec::SpeculativeConfig ngram;
+  ngram.method = spec::SpeculativeMethod::kNgram;
+  ngram.num_speculative_tokens = 3;
+  ngram.prompt_lookup_min = 1;
+  ngram.prompt_lookup_max = 3;
+  for (int n_blocks : {400, 60}) {
+    auto plain = LlmEngine::create(*model_, config(n_blocks));
+    ASSERT_TRUE(plain.ok());
+    const auto want = run(**plain, reqs);
+    EngineConfig c = config(n_blocks);
+    c.speculative = ngram;
+    auto spec = LlmEngine::create(*model_, c);
+    ASSERT_TRUE(spec.ok());
+    const auto got = run(**spec, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
+    const EngineStats s = (*spec)->stats();
+    EXPECT_GT(s.spec.n_draft_tokens, 0);
+    EXPECT_EQ(s.n_free_blocks, s.n_blocks);
+    if (n_blocks == 60) EXPECT_GT(s.n_preemptions, 0);
+  }
+}
+
 TEST_F(EngineTest, TooSmallKvBudgetSuggestsAValue) {
   EngineConfig c = config(10);
   c.max_model_len = kContext;  // 40 slots < 511
