@@ -300,3 +300,28 @@ def test_spec_decode_metrics_count_what_the_responses_show(servers):
     assert accepted <= moved("vllm:spec_decode_num_draft_tokens") <= 4 * drafts
     usage = after["vllm:kv_cache_usage_perc"].samples
     assert all(s.value == 0 for s in usage)  # every block back in the pool
+
+
+def test_bench_serve_reports_the_acceptance(servers, dserve_bin, default_model, tmp_path):
+    """`dserve bench serve` prints vLLM's Speculative Decoding section; its acceptance
+    length is 1 + accepted drafts per draft over the run, as /metrics counted them."""
+    from test_bench_serve import run_bench
+    _, spec = servers
+    data = [{"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": p}]}
+            for p in COPY_PROMPTS * 4]
+    path = tmp_path / "copy.json"
+    path.write_text(json.dumps(data))
+    before = spec.metrics()
+    res, proc = run_bench(dserve_bin, spec.base_url, tmp_path, "--dataset-name", "sharegpt",
+                          "--dataset-path", path, "--num-prompts", len(data),
+                          "--max-concurrency", 4, "--ignore-eos", "--sharegpt-output-len", 48,
+                          tokenizer=default_model)
+    time.sleep(0.3)  # the counters follow the engine's last step
+    after = spec.metrics()
+    drafts = _counter(after, "vllm:spec_decode_num_drafts") - _counter(before, "vllm:spec_decode_num_drafts")
+    accepted = (_counter(after, "vllm:spec_decode_num_accepted_tokens")
+                - _counter(before, "vllm:spec_decode_num_accepted_tokens"))
+    assert res["completed"] == len(data) and drafts > 0
+    assert res["spec_decode_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    assert "Speculative Decoding" in proc.stdout
+    assert f"{1 + accepted / drafts:.2f}" in proc.stdout
