@@ -28,6 +28,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/serving.h"
+#include "server/stats_logger.h"
 #include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -92,6 +93,11 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
                   "speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", "
                   "\"num_speculative_tokens\": K, \"prompt_lookup_min\": a, \"prompt_lookup_max\": b} "
                   "or {\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": N}");
+  cmd->add_option("--log-stats-interval", o->log_stats_interval,
+                  "seconds between the log's throughput and cache lines (as vLLM's "
+                  "VLLM_LOG_STATS_INTERVAL)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag_callback("--disable-log-stats", [o] { o->log_stats_interval = 0; },
+                         "no periodic stats lines in the log");
   cmd->add_option("--chat-template", o->chat_template,
                   "a Jinja chat template file (or the template itself) instead of the model's");
   cmd->add_option("--reasoning-parser", o->reasoning_parser,
@@ -691,6 +697,7 @@ int run_api_server(const ServeOptions& o, const std::string& model_path, const L
   server::OpenAiServing serving(*client, chat_renderer(std::move(tmpl).value()),
                                 serving_config(o, model_path, template_source));
   server::HttpServer http(http_config(o, audit_log), serving, metrics);
+  server::StatsLogger stats_logger(metrics, o.log_stats_interval);
   return serve_until_stopped(http, *client, signals, o.shutdown_timeout);
 }
 

@@ -198,6 +198,29 @@ std::string ServerMetrics::render() const {
   return out;
 }
 
+ServerMetrics::Totals ServerMetrics::totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Totals t;
+  for (const auto& e : engines_) {
+    const EngineStats& s = e->stats;
+    t.prompt_tokens += e->prompt_tokens;
+    t.generation_tokens += e->generation_tokens;
+    t.prefix_queried_tokens += s.n_prefix_queried_tokens;
+    t.prefix_hit_tokens += s.n_prefix_hit_tokens;
+    t.running += s.n_running;
+    t.waiting += s.n_waiting;
+    t.blocks += s.n_blocks;
+    t.free_blocks += s.n_free_blocks;
+    t.spec.n_drafts += s.spec.n_drafts;
+    t.spec.n_draft_tokens += s.spec.n_draft_tokens;
+    t.spec.n_accepted_tokens += s.spec.n_accepted_tokens;
+    std::vector<int64_t>& pos = t.spec.n_accepted_per_pos;
+    if (pos.size() < s.spec.n_accepted_per_pos.size()) pos.resize(s.spec.n_accepted_per_pos.size());
+    for (size_t i = 0; i < s.spec.n_accepted_per_pos.size(); ++i) pos[i] += s.spec.n_accepted_per_pos[i];
+  }
+  return t;
+}
+
 void ServerMetrics::count_rejected(Rejection why) { ++n_rejected_[static_cast<int>(why)]; }
 
 }  // namespace dserve::server

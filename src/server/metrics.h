@@ -68,6 +68,16 @@ class ServerMetrics {
   // The exposition text served at GET /metrics.
   std::string render() const;
 
+  // Every engine's figures added up (the periodic log line's source).
+  struct Totals {
+    int64_t prompt_tokens = 0, generation_tokens = 0;
+    int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;
+    int running = 0, waiting = 0;
+    int64_t blocks = 0, free_blocks = 0;
+    SpecDecodeStats spec;
+  };
+  Totals totals() const;
+
  private:
   class Engine;
   const std::string model_label_;  // model_name="..."

@@ -178,7 +178,8 @@ def servers(dserve_bin, default_model, tmp_path_factory):
     d = tmp_path_factory.mktemp("spec")
     with server_util.running(dserve_bin, default_model, *common, log_path=d / "plain.log") as a, \
             server_util.running(dserve_bin, default_model, *common, "--speculative-config",
-                                NGRAM, log_path=d / "spec.log") as b:
+                                NGRAM, "--log-stats-interval", 0.5,
+                                log_path=d / "spec.log") as b:
         yield a, b
 
 
@@ -300,6 +301,12 @@ def test_spec_decode_metrics_count_what_the_responses_show(servers):
     assert accepted <= moved("vllm:spec_decode_num_draft_tokens") <= 4 * drafts
     usage = after["vllm:kv_cache_usage_perc"].samples
     assert all(s.value == 0 for s in usage)  # every block back in the pool
+    # The periodic log line reports the acceptance, as vLLM's does.
+    deadline = time.monotonic() + 5
+    while "SpecDecoding metrics: Mean acceptance length:" not in spec.log():
+        assert time.monotonic() < deadline, spec.log()[-3000:]
+        time.sleep(0.1)
+    assert "Avg generation throughput:" in spec.log()
 
 
 def test_bench_serve_reports_the_acceptance(servers, dserve_bin, default_model, tmp_path):
