@@ -1,0 +1,126 @@
+"""DeepSeek-V3's multi-token-prediction (MTP) layer, against a torch reference.
+
+The checkpoint is the tiny DeepSeek-V3 of test_deepseek_reference.py with an MTP module
+added as DeepSeek ships it, in layer n_layers: enorm, hnorm, eh_proj, a full MLA + MoE
+decoder block and shared_head (norm, head), random weights of realistic scale
+(num_nextn_predict_layers: 1). The reference follows DeepSeek-V3's technical report
+(section 2.2) and vLLM's deepseek_mtp.py: at position p the token t[p+1] and the main
+model's output h[p] (after its final norm) give
+    x = eh_proj([enorm(embed(t[p+1])) | hnorm(h[p])])   (the embedding zeroed at p = 0),
+    x = block(x) at position p,   logits = shared_head.head(shared_head.norm(x)),
+with transformers' own DeepseekV3 modules for the block (the checkpoint loaded with one
+more layer, so that transformers maps the block's weights itself) and the rest written
+here. dserve (test tool mtp_tool) must agree within 1e-3 in F32 at every position.
+"""
+import json
+import shutil
+
+import pytest
+
+from conftest import run
+from test_deepseek_reference import VOCAB, _cached, _case, _fixture, _key
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+MTP_FIXTURE_VERSION = 1
+
+
+def _with_mtp_layer(tmp, case):
+    """The case's checkpoint plus random MTP weights in layer n_layers."""
+    src, _ = _fixture(case)
+    for f in src.iterdir():
+        if f.name != "reference.json":
+            shutil.copy(f, tmp / f.name)
+    tensors = safetensors_torch.load_file(tmp / "model.safetensors")
+    n, h = case["layers"], case["hidden"]
+    g = torch.Generator().manual_seed(77)
+    extra = {}
+    for name, t in tensors.items():
+        if not name.startswith(f"model.layers.{n - 1}."):
+            continue
+        new = name.replace(f"layers.{n - 1}.", f"layers.{n}.")
+        if name.endswith("norm.weight"):
+            extra[new] = 1.0 + 0.2 * torch.randn(t.shape, generator=g)
+        elif name.endswith("e_score_correction_bias"):
+            extra[new] = 0.05 * torch.randn(t.shape, generator=g)
+        else:
+            extra[new] = t.float().std() * torch.randn(t.shape, generator=g)
+    p = f"model.layers.{n}."
+    extra.update({p + "enorm.weight": 1.0 + 0.2 * torch.randn(h, generator=g),
+                  p + "hnorm.weight": 1.0 + 0.2 * torch.randn(h, generator=g),
+                  p + "eh_proj.weight": 0.06 * torch.randn(h, 2 * h, generator=g),
+                  p + "shared_head.norm.weight": 1.0 + 0.2 * torch.randn(h, generator=g),
+                  p + "shared_head.head.weight": 0.1 * torch.randn(VOCAB, h, generator=g)})
+    tensors.update(extra)
+    safetensors_torch.save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (tmp / "config.json").write_text(json.dumps(config))
+
+
+def _rms_norm(x, w, eps):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+    norm = DeepseekV3RMSNorm(x.shape[-1], eps=eps)
+    norm.weight.data.copy_(w)
+    return norm(x)
+
+
+@torch.no_grad()
+def _reference_mtp_logits(d, prompt, case):
+    """[len(prompt) - 1, vocab]: the MTP layer's logits at positions 0 .. n - 2."""
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    main = load(d, dtype=torch.float32).eval()
+    cfg = transformers.AutoConfig.from_pretrained(d)
+    n = cfg.num_hidden_layers
+    cfg.num_hidden_layers = n + 1  # the MTP block as one more layer, weights mapped
+    cfg._attn_implementation = "eager"
+    extended = load(d, config=cfg, dtype=torch.float32).eval()
+    block = extended.model.layers[n]
+    w = safetensors_torch.load_file(d / "model.safetensors")
+    p, eps = f"model.layers.{n}.", cfg.rms_norm_eps
+
+    ids = torch.tensor([prompt])
+    h = main.model(ids).last_hidden_state[0, :-1]  # after the final norm, as vLLM feeds it
+    m = h.shape[0]
+    e = main.model.embed_tokens(ids[0, 1:])
+    positions = torch.arange(m)
+    e[positions == 0] = 0
+    x = torch.cat([_rms_norm(e, w[p + "enorm.weight"], eps),
+                   _rms_norm(h, w[p + "hnorm.weight"], eps)], dim=-1) @ w[p + "eh_proj.weight"].T
+    x = x[None]
+    rope = extended.model.rotary_emb(x, positions[None])
+    mask = torch.full((1, 1, m, m), float("-inf")).triu(1)
+    out = block(x, attention_mask=mask, position_ids=positions[None], position_embeddings=rope)
+    out = out[0] if isinstance(out, tuple) else out
+    out = _rms_norm(out[0], w[p + "shared_head.norm.weight"], eps)
+    return out @ w[p + "shared_head.head.weight"].T
+
+
+def mtp_checkpoint():
+    """(checkpoint dir, prompt, reference logits) of the tiny V3 with an MTP layer."""
+    case = _case("v3-qlora-yarn")
+
+    def build(tmp):
+        _with_mtp_layer(tmp, case)
+        _, ref = _fixture(case)
+        prompt = ref["prompt"]
+        logits = _reference_mtp_logits(tmp, prompt, case)
+        (tmp / "reference.json").write_text(json.dumps({"prompt": prompt,
+                                                        "mtp_logits": logits.tolist()}))
+    d, ref = _cached("tiny-deepseek-v3-mtp", _key(case, MTP_FIXTURE_VERSION), build)
+    return d, ref
+
+
+def test_mtp_logits_match_the_reference(test_tool):
+    d, ref = mtp_checkpoint()
+    prompt, want = ref["prompt"], ref["mtp_logits"]
+    r = run([test_tool("mtp_tool"), "--model", d, "--prompt-ids", ",".join(map(str, prompt)),
+             "--threads", 2])
+    got = json.loads(r.stdout)["logits"]
+    assert len(got) == len(want) == len(prompt) - 1
+    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
+    assert worst < 1e-3, worst
+    # The head is not degenerate: the reference's argmax varies over the positions.
+    assert len({max(range(VOCAB), key=row.__getitem__) for row in want}) > 5
