@@ -35,6 +35,14 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
     return invalid_argument("kv_cache_dtype " + std::string(dtype_name(config.kv_cache_dtype)) +
                             " is not supported: use f32 or f16");
   }
+  if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
+    if (!model.has_mtp_layer()) {
+      return invalid_argument("--speculative-config: method deepseek_mtp needs a model with a "
+                              "multi-token-prediction layer; " + info.architecture +
+                              " as loaded has none");
+    }
+    DS_RETURN_IF_ERROR(model.enable_mtp());  // before the cache is sized: one more layer
+  }
   const size_t bytes_per_token = model.paged_bytes_per_token(config.kv_cache_dtype);
   if (bytes_per_token == 0) {
     return unimplemented(info.architecture +
@@ -61,16 +69,14 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
   }
   const int n_blocks =
       static_cast<int>(std::min<int64_t>(n_blocks64, INT32_MAX / config.block_size));
-  if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
-    return invalid_argument("--speculative-config: method deepseek_mtp needs a model with a "
-                            "multi-token-prediction layer; " + info.architecture +
-                            " as loaded has none");
-  }
 
   sched::SchedulerConfig sc;
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
   sc.max_num_seqs = config.max_num_seqs;
   sc.max_model_len = config.max_model_len;
+  if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
+    sc.lookahead_slots = config.speculative.num_speculative_tokens - 1;  // the chain's slots
+  }
   kvcache::KvCacheConfig kc;
   kc.n_blocks = n_blocks;
   kc.block_size = config.block_size;
@@ -113,6 +119,10 @@ LlmEngine::LlmEngine(CausalLm& model, const EngineConfig& config,
       entropy_(config.seed ? *config.seed : std::random_device{}()),
       tokenizer_(tokenizer) {
   eos_ids_ = model.info().eos_ids;
+  if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
+    mtp_ = std::make_unique<MtpProposer>(model, config.speculative.num_speculative_tokens,
+                                         config.block_size, config.max_model_len);
+  }
   for (int32_t id : config.extra_eos_ids) {
     if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
   }
@@ -213,6 +223,7 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
   b.row_prompt_pos.clear();
   b.row_request.clear();
   b.first_sample_row.assign(plan.requests.size(), -1);
+  b.first_token.assign(plan.requests.size(), 0);
   b.block_table_offsets.assign(1, 0);
   for (size_t s = 0; s < plan.requests.size(); ++s) {
     const sched::ScheduledRequest& r = plan.requests[s];
@@ -221,6 +232,7 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
     table.insert(table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
     b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
     b.block_table_offsets.push_back(static_cast<int64_t>(b.block_tables.size()));
+    b.first_token[s] = static_cast<int32_t>(b.tokens.size());
     auto scoring = prompt_scores_.find(r.id);
     const int n_scored = scoring == prompt_scores_.end()
                              ? 0
@@ -307,16 +319,40 @@ void LlmEngine::count_acceptance(std::span<const int32_t> drafts,
   for (size_t k = 0; k < accepted; ++k) ++s.n_accepted_per_pos[k];
 }
 
-void LlmEngine::propose_drafts(const sched::SchedulerOutput& plan) {
+Status LlmEngine::propose_mtp(const sched::SchedulerOutput& plan,
+                              std::span<const std::vector<int32_t>> emitted,
+                              std::vector<std::vector<int32_t>>* drafts) {
+  if (!mtp_) return Status::Ok();
+  // A prefill chunk short of the prompt's end: the MTP layer's last position there
+  // pairs with the next prompt token.
+  std::vector<int32_t> next_prompt_token(plan.requests.size(), 0);
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    const sched::ScheduledRequest& r = plan.requests[i];
+    if (r.sample) continue;
+    const sched::Request* req = scheduler_->find(r.id);
+    DS_CHECK(req != nullptr && r.start_pos + r.n_tokens < req->n_tokens());
+    next_prompt_token[i] = req->tokens()[r.start_pos + r.n_tokens];
+  }
+  const Batch& b = batch_;
+  const StepView view{b.tokens, b.positions, b.seq_of_token, b.block_tables,
+                      b.block_table_offsets, b.first_token};
+  return mtp_->propose(plan, view, emitted, next_prompt_token, *cache_, drafts);
+}
+
+void LlmEngine::propose_drafts(const sched::SchedulerOutput& plan,
+                               std::vector<std::vector<int32_t>>& mtp_drafts) {
   const spec::SpeculativeConfig& sc = config_.speculative;
-  if (sc.method != spec::SpeculativeMethod::kNgram) return;
-  for (const sched::ScheduledRequest& r : plan.requests) {
+  if (!sc.enabled()) return;
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    const sched::ScheduledRequest& r = plan.requests[i];
     if (!r.sample) continue;
     const sched::Request* req = scheduler_->find(r.id);
     if (req == nullptr || req->state != sched::RequestState::kRunning) continue;
-    std::vector<int32_t> drafts = spec::propose_ngram(req->tokens(), sc.prompt_lookup_min,
-                                                      sc.prompt_lookup_max,
-                                                      sc.num_speculative_tokens);
+    std::vector<int32_t> drafts =
+        sc.method == spec::SpeculativeMethod::kMtp
+            ? std::move(mtp_drafts[i])
+            : spec::propose_ngram(req->tokens(), sc.prompt_lookup_min, sc.prompt_lookup_max,
+                                  sc.num_speculative_tokens);
     if (!drafts.empty()) scheduler_->set_draft_tokens(r.id, std::move(drafts));
   }
 }
@@ -350,6 +386,8 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
   std::vector<std::vector<int32_t>> emitted;
   std::vector<std::vector<SampleResult>> results;
   sample_step(plan, emitted, results);
+  std::vector<std::vector<int32_t>> mtp_drafts;
+  if (!batch_.tokens.empty()) DS_RETURN_IF_ERROR(propose_mtp(plan, emitted, &mtp_drafts));
 
   // 4. update: one applied token per RequestOutput, a request's tokens consecutive.
   std::vector<sched::RequestOutput> applied = scheduler_->update_from_output(plan, emitted);
@@ -381,7 +419,7 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
     outputs.push_back(std::move(o));
     ++i;
   }
-  propose_drafts(plan);
+  propose_drafts(plan, mtp_drafts);
   return outputs;
 }
 

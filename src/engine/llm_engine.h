@@ -38,6 +38,7 @@
 
 #include "base/status.h"
 #include "engine/engine_output.h"
+#include "engine/mtp_proposer.h"
 #include "grammar/structured_output.h"
 #include "model/causal_lm.h"
 #include "sampling/sampler.h"
@@ -132,8 +133,15 @@ class LlmEngine {
                    std::vector<std::vector<SampleResult>>& results);
   // Counts drafts and accepted drafts for the speculative-decoding metrics.
   void count_acceptance(std::span<const int32_t> drafts, std::span<const int32_t> emitted);
-  // Drafts for the next step of each request this step sampled that still runs.
-  void propose_drafts(const sched::SchedulerOutput& plan);
+  // The MTP layer's drafts (drafts by plan index) after the step's sampling, before
+  // the scheduler applies it.
+  Status propose_mtp(const sched::SchedulerOutput& plan,
+                     std::span<const std::vector<int32_t>> emitted,
+                     std::vector<std::vector<int32_t>>* drafts);
+  // Hands each request this step sampled that still runs its drafts for the next step
+  // (mtp_drafts by plan index, or prompt lookup's).
+  void propose_drafts(const sched::SchedulerOutput& plan,
+                      std::vector<std::vector<int32_t>>& mtp_drafts);
 
   CausalLm& model_;
   const EngineConfig config_;
@@ -165,14 +173,16 @@ class LlmEngine {
     // sampling row; and the request it belongs to.
     std::vector<int32_t> row_prompt_pos;
     std::vector<RequestId> row_request;
-    // Per plan request: its first sampling row (then one per draft), or -1.
-    std::vector<int32_t> first_sample_row;
+    // Per plan request: its first sampling row (then one per draft), or -1; and the
+    // index of its first token.
+    std::vector<int32_t> first_sample_row, first_token;
   } batch_;
   std::vector<float> logits_;
   int64_t n_computed_tokens_ = 0;
   int64_t n_forward_passes_ = 0;
   int64_t n_generated_tokens_ = 0;
   SpecDecodeStats spec_stats_;
+  std::unique_ptr<MtpProposer> mtp_;  // speculative method deepseek_mtp
 };
 
 }  // namespace dserve

@@ -16,6 +16,7 @@ Status SchedulerConfig::validate() const {
     return invalid_argument("max_num_seqs must be >= 1, got " + std::to_string(max_num_seqs));
   if (max_model_len < 2)
     return invalid_argument("max_model_len must be >= 2, got " + std::to_string(max_model_len));
+  if (lookahead_slots < 0) return invalid_argument("lookahead_slots must be >= 0");
   return Status::Ok();
 }
 
@@ -222,14 +223,15 @@ SchedulerOutput Scheduler::schedule() {
     Request& r = *running_[i];
     const int n_new = std::min(r.n_tokens() - r.n_computed_tokens, budget);
     DS_CHECK(n_new > 0);
-    int n_drafts =
-        r.n_computed_tokens + n_new == r.n_tokens() ? n_drafts_to_run(r, budget - n_new) : 0;
+    const bool reaches_end = r.n_computed_tokens + n_new == r.n_tokens();
+    int n_drafts = reaches_end ? n_drafts_to_run(r, budget - n_new) : 0;
+    int n_ahead = reaches_end ? config_.lookahead_slots : 0;
     const size_t n_before = kv_.block_table(r.spec.id).size();
     bool preempted_self = false;
     while (!kv_.allocate_slots(r.spec.id, r.tokens(), r.n_computed_tokens, n_new, nullptr,
-                               n_drafts)) {
-      if (n_drafts > 0) {  // drafts are a bet: drop them before preempting anyone
-        n_drafts = 0;
+                               n_drafts + n_ahead)) {
+      if (n_drafts + n_ahead > 0) {  // drafts are a bet: drop them before preempting anyone
+        n_drafts = n_ahead = 0;
         continue;
       }
       preempted_self = running_.back() == &r;

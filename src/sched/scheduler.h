@@ -59,6 +59,10 @@ struct SchedulerConfig {
   int max_num_batched_tokens = 2048;  // token budget per step (decodes + prefill chunks)
   int max_num_seqs = 256;             // running requests at most
   int max_model_len = 4096;           // prompt + generated tokens at most
+  // Cache slots a decoding request gets beyond its drafts, for a proposer that writes
+  // ahead of them (MTP's chained drafts: N - 1); dropped, with the drafts, when the
+  // cache is short.
+  int lookahead_slots = 0;
 
   // InvalidArgument for values < 1 (max_model_len < 2).
   Status validate() const;

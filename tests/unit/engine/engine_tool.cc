@@ -189,6 +189,11 @@ int main_impl(int argc, char** argv) {
     }
     result["margins"] = margins;
   } else {
+    if (ec.speculative.method == spec::SpeculativeMethod::kMtp) {
+      // The MTP layer's cache counts in the bytes per token (the engine would enable
+      // it too, after --num-blocks became bytes).
+      if (Status s = (*model)->enable_mtp(); !s.ok()) return fail(s);
+    }
     if (n_blocks > 0) {
       ec.kv_cache_memory = int64_t{n_blocks} * ec.block_size *
                            static_cast<int64_t>((*model)->paged_bytes_per_token(ec.kv_cache_dtype));
