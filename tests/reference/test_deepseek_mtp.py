@@ -169,3 +169,38 @@ def test_mtp_speculation_keeps_every_output(test_tool, tmp_path):
     assert got["stats"]["n_preemptions"] > 0
     assert got["outputs"] == want["outputs"] == plain["outputs"]
     assert got["stats"]["n_free_blocks"] == got["stats"]["n_blocks"] == 24
+
+
+def _served_ids(server, prompts, max_tokens=24, **kw):
+    import openai
+    c = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
+    model = c.models.list().data[0].id
+    out = []
+    for p in prompts:
+        r = c.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                 logprobs=1, extra_body={"ignore_eos": True}, **kw)
+        out.append([t for t in r.choices[0].logprobs.tokens])
+    return out
+
+
+def test_mtp_under_tensor_parallelism_serves_the_same_tokens(dserve_bin, tmp_path):
+    """dserve serve on 2 tensor-parallel ranks with 2 MTP drafts per step, token-id
+    prompts through the openai SDK: the same tokens as one rank without speculation."""
+    import random
+    import server_util
+    d, _ = mtp_checkpoint()
+    rng = random.Random(4)
+    prompts = [[rng.randrange(0, VOCAB) for _ in range(n)] for n in (5, 17, 40)]
+    common = ["--threads", 2, "--max-model-len", 256, "--kv-cache-memory", 16 << 20]
+    with server_util.running(dserve_bin, d, *common, log_path=tmp_path / "one.log") as one:
+        want = _served_ids(one, prompts)
+    mtp = json.dumps({"method": "deepseek_mtp", "num_speculative_tokens": 2})
+    with server_util.running(dserve_bin, d, *common, "--tensor-parallel-size", 2,
+                             "--master-port", server_util.free_port(),
+                             "--speculative-config", mtp, log_path=tmp_path / "tp.log") as tp:
+        got = _served_ids(tp, prompts)
+        m = tp.metrics()
+    assert got == want
+    drafts = sum(s.value for s in m["vllm:spec_decode_num_drafts"].samples
+                 if s.name.endswith("_total"))
+    assert drafts > 0
