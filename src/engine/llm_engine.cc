@@ -205,6 +205,7 @@ Status LlmEngine::add_request(RequestId id, std::vector<int32_t> prompt,
 
 Status LlmEngine::finish_request(RequestId id, sched::FinishReason reason) {
   DS_RETURN_IF_ERROR(scheduler_->finish_request(id, reason));
+  throttle_.forget(id);
   states_.erase(id);
   prompt_scores_.erase(id);
   // Its block table goes when the next plan lists it as finished.
@@ -298,13 +299,13 @@ void LlmEngine::sample_step(const sched::SchedulerOutput& plan,
   for (size_t j = 0; j < out.size(); ++j) {
     std::vector<int32_t>& tokens = emitted[plan_index[j]];
     for (const SampleResult& r : out[j]) tokens.push_back(r.token);
-    if (!drafts[j].empty()) count_acceptance(drafts[j], tokens);
+    if (!drafts[j].empty()) count_acceptance(plan.requests[plan_index[j]].id, drafts[j], tokens);
     n_generated_tokens_ += static_cast<int64_t>(tokens.size());
     results[plan_index[j]] = std::move(out[j]);
   }
 }
 
-void LlmEngine::count_acceptance(std::span<const int32_t> drafts,
+void LlmEngine::count_acceptance(RequestId id, std::span<const int32_t> drafts,
                                  std::span<const int32_t> emitted) {
   size_t accepted = 0;
   while (accepted < drafts.size() && accepted < emitted.size() &&
@@ -317,6 +318,7 @@ void LlmEngine::count_acceptance(std::span<const int32_t> drafts,
   s.n_accepted_tokens += static_cast<int64_t>(accepted);
   if (s.n_accepted_per_pos.size() < drafts.size()) s.n_accepted_per_pos.resize(drafts.size(), 0);
   for (size_t k = 0; k < accepted; ++k) ++s.n_accepted_per_pos[k];
+  throttle_.record(id, static_cast<int>(accepted));
 }
 
 Status LlmEngine::propose_mtp(const sched::SchedulerOutput& plan,
@@ -347,7 +349,11 @@ void LlmEngine::propose_drafts(const sched::SchedulerOutput& plan,
     const sched::ScheduledRequest& r = plan.requests[i];
     if (!r.sample) continue;
     const sched::Request* req = scheduler_->find(r.id);
-    if (req == nullptr || req->state != sched::RequestState::kRunning) continue;
+    if (req == nullptr || req->state != sched::RequestState::kRunning) {
+      throttle_.forget(r.id);
+      continue;
+    }
+    if (!throttle_.should_draft(r.id)) continue;
     std::vector<int32_t> drafts =
         sc.method == spec::SpeculativeMethod::kMtp
             ? std::move(mtp_drafts[i])

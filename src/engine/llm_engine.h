@@ -46,6 +46,7 @@
 #include "sampling/sampling_state.h"
 #include "sampling/speculative_sampler.h"
 #include "sched/scheduler.h"
+#include "spec/draft_throttle.h"
 #include "spec/speculative_config.h"
 
 namespace dserve {
@@ -131,8 +132,10 @@ class LlmEngine {
   // token. emitted[i] / results[i]: the tokens and their results for plan.requests[i].
   void sample_step(const sched::SchedulerOutput& plan, std::vector<std::vector<int32_t>>& emitted,
                    std::vector<std::vector<SampleResult>>& results);
-  // Counts drafts and accepted drafts for the speculative-decoding metrics.
-  void count_acceptance(std::span<const int32_t> drafts, std::span<const int32_t> emitted);
+  // Counts drafts and accepted drafts for the speculative-decoding metrics and the
+  // request's throttle.
+  void count_acceptance(RequestId id, std::span<const int32_t> drafts,
+                        std::span<const int32_t> emitted);
   // The MTP layer's drafts (drafts by plan index) after the step's sampling, before
   // the scheduler applies it.
   Status propose_mtp(const sched::SchedulerOutput& plan,
@@ -183,6 +186,7 @@ class LlmEngine {
   int64_t n_generated_tokens_ = 0;
   SpecDecodeStats spec_stats_;
   std::unique_ptr<MtpProposer> mtp_;  // speculative method deepseek_mtp
+  spec::DraftThrottle throttle_;
 };
 
 }  // namespace dserve
