@@ -9,7 +9,8 @@
 //   build/bench/spec_verify_bench --model DIR [--threads 2] [--depth 512]
 //       [--batch 1 8 32] [--drafts 1 2 3] [--reps 20]
 // prints one line per (batch, N): ms per 1-token step, per verify step, their ratio,
-// the bytes' predicted ratio, and the MTP pass's ms per drafted token.
+// the bytes' predicted ratio, and the MTP pass's ms for one token per sequence (a
+// model without an MTP layer: "-").
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -93,13 +94,23 @@ int main_impl(int argc, char** argv) {
       DeepseekModel::load(std::move(*files), *backend, depth + max_n + 8);
   if (!loaded.ok()) return die(loaded.status());
   DeepseekModel& m = **loaded;
-  if (Status s = m.enable_mtp(); !s.ok()) return die(s);
   const DeepseekConfig& c = m.config();
+  const bool mtp = c.num_nextn_predict_layers > 0;  // else no MTP column
+  if (mtp) {
+    if (Status s = m.enable_mtp(); !s.ok()) return die(s);
+  }
   // Bytes: what one token's forward reads, less its k routed experts, is read once
   // per forward; each (layer, expert) run reads one expert's weights.
-  const TensorView* g = m.files().find("model.layers." + std::to_string(c.first_k_dense_replace) +
-                                       ".mlp.experts.0.gate_proj.weight");
-  const double expert_bytes = g != nullptr ? 3.0 * static_cast<double>(g->n_bytes) : 0.0;
+  // One expert's gate, up and down: per-expert tensors, or a 1/E share of stacked ones.
+  const std::string p = "model.layers." + std::to_string(c.first_k_dense_replace) + ".mlp.experts.";
+  double expert_bytes = 0;
+  for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
+    if (const TensorView* t = m.files().find(p + "0." + w + ".weight")) {
+      expert_bytes += static_cast<double>(t->n_bytes);
+    } else if (const TensorView* st = m.files().find(p + w + ".weight")) {
+      expert_bytes += static_cast<double>(st->n_bytes) / static_cast<double>(c.n_routed_experts);
+    }
+  }
   int moe_layers = 0;
   for (int l = 0; l < c.n_layers; ++l) moe_layers += c.is_moe_layer(l) ? 1 : 0;
   const double shared_bytes = static_cast<double>(m.active_weight_bytes_per_token()) -
@@ -130,7 +141,7 @@ int main_impl(int argc, char** argv) {
     std::vector<int32_t> prev(B);
     std::iota(prev.begin(), prev.end(), 0);
     double mtp_ms = 0;
-    {
+    if (mtp) {
       (void)m.forward_batch(one.batch(), *cache, &logits);
       const Clock::time_point t0 = Clock::now();
       for (int r = 0; r < reps; ++r) {
@@ -141,8 +152,9 @@ int main_impl(int argc, char** argv) {
     for (int N : drafts) {
       const StepInputs v = make_step(B, per_seq, depth, 1 + N, static_cast<int>(c.vocab_size));
       const Timed tv = time_forwards(m, reps, [&] { (void)m.forward_batch(v.batch(), *cache, &logits); });
-      std::printf("%-6d %-3d %-10.2f %-10.2f %-7.2f %-9.2f %-12.2f\n", B, N, t1.ms, tv.ms,
-                  tv.ms / t1.ms, bytes(tv.expert_runs) / bytes(t1.expert_runs), mtp_ms);
+      std::printf("%-6d %-3d %-10.2f %-10.2f %-7.2f %-9.2f %s\n", B, N, t1.ms, tv.ms,
+                  tv.ms / t1.ms, bytes(tv.expert_runs) / bytes(t1.expert_runs),
+                  mtp ? std::to_string(mtp_ms).c_str() : "-");
     }
   }
   return 0;
