@@ -113,6 +113,59 @@ def mtp_checkpoint():
     return d, ref
 
 
+def _fp8_mtp_checkpoint():
+    """The MTP checkpoint with every linear projection (the MTP layer's too) in FP8
+    with 128 x 128 block scales, as DeepSeek ships V3/R1; the reference from the
+    weights as dserve keeps them (dequantised; kv_b_proj rounded to BF16)."""
+    from test_deepseek_reference import FP8_BLOCK, _fp8_dequantize, _fp8_quantize, _is_fp8_linear
+    case = _case("v3-qlora-yarn")
+    src, ref = mtp_checkpoint()
+
+    def build(tmp):
+        tensors = safetensors_torch.load_file(src / "model.safetensors")
+        fp8, kept = {}, {}
+        for name, t in tensors.items():
+            if _is_fp8_linear(name, t):
+                q, sc = _fp8_quantize(t)
+                fp8[name], fp8[name + "_scale_inv"] = q, sc
+                deq = _fp8_dequantize(q, sc)
+                kept[name] = (deq.to(torch.bfloat16).float() if name.endswith("kv_b_proj.weight")
+                              else deq)
+            else:
+                fp8[name] = kept[name] = t
+        config = json.loads((src / "config.json").read_text())
+        ref_dir = tmp / "dequantised"
+        ref_dir.mkdir()
+        (ref_dir / "config.json").write_text(json.dumps(config))
+        safetensors_torch.save_file(kept, ref_dir / "model.safetensors", metadata={"format": "pt"})
+        logits = _reference_mtp_logits(ref_dir, ref["prompt"], case)
+        shutil.rmtree(ref_dir)
+        safetensors_torch.save_file(fp8, tmp / "model.safetensors", metadata={"format": "pt"})
+        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                         "activation_scheme": "dynamic",
+                                         "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+        (tmp / "config.json").write_text(json.dumps(config))
+        (tmp / "reference.json").write_text(json.dumps({"prompt": ref["prompt"],
+                                                        "mtp_logits": logits.tolist()}))
+    return _cached("tiny-deepseek-v3-mtp-fp8", _key(case, MTP_FIXTURE_VERSION, FP8_BLOCK), build)
+
+
+def _worst_mtp_error(test_tool, d, ref):
+    prompt, want = ref["prompt"], ref["mtp_logits"]
+    r = run([test_tool("mtp_tool"), "--model", d, "--prompt-ids", ",".join(map(str, prompt)),
+             "--threads", 2])
+    got = json.loads(r.stdout)["logits"]
+    assert len(got) == len(want) == len(prompt) - 1
+    return max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
+
+
+def test_mtp_fp8_layer_kept_at_one_byte(test_tool):
+    """The MTP layer loads in the checkpoint's FP8 (kept at one byte, the kernels
+    convert) and matches the reference on the weights as dserve holds them."""
+    d, ref = _fp8_mtp_checkpoint()
+    assert _worst_mtp_error(test_tool, d, ref) < 1e-3
+
+
 def test_mtp_logits_match_the_reference(test_tool):
     d, ref = mtp_checkpoint()
     prompt, want = ref["prompt"], ref["mtp_logits"]
