@@ -33,7 +33,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
   }
   if (!is_kv_cache_dtype(config.kv_cache_dtype)) {
     return invalid_argument("kv_cache_dtype " + std::string(dtype_name(config.kv_cache_dtype)) +
-                            " is not supported: use f32 or f16");
+                            " is not supported: use f32, f16 or f8_e4m3");
   }
   if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
     if (!model.has_mtp_layer()) {

@@ -135,10 +135,12 @@ int main_impl(int argc, char** argv) {
   app.add_option("--speculative-config", speculative, "vLLM's JSON, e.g. {\"method\": \"ngram\", ...}");
   std::string kv_dtype = "auto";
   app.add_option("--kv-cache-dtype", kv_dtype, "auto (float16), float16 or float32")
-      ->check(CLI::IsMember({"auto", "float16", "float32"}));
+      ->check(CLI::IsMember({"auto", "float16", "float32", "fp8"}));
   CLI11_PARSE(app, argc, argv);
   ec.enable_prefix_caching = !no_prefix;
-  ec.kv_cache_dtype = kv_dtype == "float32" ? DType::kF32 : DType::kF16;
+  ec.kv_cache_dtype = kv_dtype == "float32" ? DType::kF32
+                      : kv_dtype == "fp8"   ? DType::kF8_E4M3
+                                            : DType::kF16;
   set_log_level("warning");
 
   std::vector<Req> reqs;
