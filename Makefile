@@ -222,7 +222,7 @@ test-py:
 # backend seam"): backend memory unreadable outside backend operations, so any host
 # access to it by model, engine or parallel code dies where it happens.
 CHECKED_CPP_TESTS := engine_test|async_llm_test|data_parallel_test|dp_lockstep_test
-CHECKED_PY_TESTS := test_llama_reference.py test_deepseek_reference.py test_engine.py \
+CHECKED_PY_TESTS := test_llama_reference.py test_deepseek_reference.py test_deepseek_mtp.py test_engine.py \
 	test_tensor_parallel.py test_expert_parallel.py test_data_parallel.py
 test-checked:
 	cd $(BUILD) && DSERVE_CHECK_BACKEND_MEMORY=1 ctest --output-on-failure -j $(JOBS) \

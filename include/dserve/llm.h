@@ -47,6 +47,9 @@ struct LlmOptions {
   double gpu_memory_utilization = 0.0;
   int max_model_len = 0;  // 0: the model's context
   bool enable_prefix_caching = true;
+  // Speculative decoding as vLLM's --speculative-config JSON (spec/speculative_config.h);
+  // empty: off.
+  std::string speculative_config;
   std::optional<uint64_t> seed;  // seeds unseeded requests' RNGs; none: random
   int n_threads = 0;  // 0: one per core
   std::string isa;    // force "scalar", "avx2" or "avx512" kernels; empty: best available

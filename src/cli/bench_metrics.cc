@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
+
+#include <fmt/format.h>
 
 namespace dserve::cli {
 namespace {
@@ -293,6 +296,79 @@ nlohmann::json result_json(const BenchmarkMetrics& m, const ReportInfo& info,
     }
   }
   return j;
+}
+
+SpecDecodeCounts SpecDecodeCounts::minus(const SpecDecodeCounts& before) const {
+  SpecDecodeCounts d;
+  d.drafts = drafts - before.drafts;
+  d.draft_tokens = draft_tokens - before.draft_tokens;
+  d.accepted_tokens = accepted_tokens - before.accepted_tokens;
+  d.accepted_per_pos = accepted_per_pos;
+  for (size_t i = 0; i < d.accepted_per_pos.size() && i < before.accepted_per_pos.size(); ++i) {
+    d.accepted_per_pos[i] -= before.accepted_per_pos[i];
+  }
+  return d;
+}
+
+SpecDecodeCounts parse_spec_decode_counts(const std::string& text) {
+  SpecDecodeCounts c;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    const size_t value_at = line.rfind(' ');
+    if (name_end == std::string::npos || value_at == std::string::npos) continue;
+    const std::string name = line.substr(0, name_end);
+    char* end = nullptr;
+    const double v = std::strtod(line.c_str() + value_at + 1, &end);
+    if (end == line.c_str() + value_at + 1 || !std::isfinite(v)) continue;
+    if (name == "vllm:spec_decode_num_drafts_total") {
+      c.drafts += v;
+    } else if (name == "vllm:spec_decode_num_draft_tokens_total") {
+      c.draft_tokens += v;
+    } else if (name == "vllm:spec_decode_num_accepted_tokens_total") {
+      c.accepted_tokens += v;
+    } else if (name == "vllm:spec_decode_num_accepted_tokens_per_pos_total") {
+      const size_t at = line.find("position=\"");
+      if (at == std::string::npos) continue;
+      const long pos = std::strtol(line.c_str() + at + 10, nullptr, 10);
+      if (pos < 0 || pos >= 64) continue;
+      if (c.accepted_per_pos.size() <= static_cast<size_t>(pos)) c.accepted_per_pos.resize(pos + 1);
+      c.accepted_per_pos[pos] += v;
+    }
+  }
+  return c;
+}
+
+std::string format_spec_decode_table(const SpecDecodeCounts& run) {
+  if (run.drafts <= 0) return "";
+  std::string s = centred("Speculative Decoding", '-') + "\n";
+  s += row("Acceptance rate (%):", fixed2(100.0 * run.accepted_tokens / std::max(1.0, run.draft_tokens)));
+  s += row("Acceptance length:", fixed2(1.0 + run.accepted_tokens / run.drafts));
+  s += row("Drafts:", fmt::format("{}", run.drafts));
+  s += row("Draft tokens:", fmt::format("{}", run.draft_tokens));
+  s += row("Accepted tokens:", fmt::format("{}", run.accepted_tokens));
+  std::string per_pos;
+  for (double a : run.accepted_per_pos) {
+    per_pos += (per_pos.empty() ? "" : ", ") + fixed2(100.0 * a / run.drafts);
+  }
+  s += "Per-position acceptance (%): " + per_pos + "\n";
+  s += std::string(50, '=') + "\n";
+  return s;
+}
+
+void add_spec_decode_json(const SpecDecodeCounts& run, nlohmann::json* result) {
+  if (run.drafts <= 0) return;
+  (*result)["spec_decode_acceptance_rate"] =
+      100.0 * run.accepted_tokens / std::max(1.0, run.draft_tokens);
+  (*result)["spec_decode_acceptance_length"] = 1.0 + run.accepted_tokens / run.drafts;
+  (*result)["spec_decode_num_drafts"] = run.drafts;
+  (*result)["spec_decode_draft_tokens"] = run.draft_tokens;
+  (*result)["spec_decode_accepted_tokens"] = run.accepted_tokens;
+  std::vector<double> per_pos;
+  for (double a : run.accepted_per_pos) per_pos.push_back(a / run.drafts);
+  (*result)["spec_decode_per_position_acceptance_rate"] = per_pos;
 }
 
 }  // namespace dserve::cli

@@ -98,4 +98,20 @@ nlohmann::json result_json(const BenchmarkMetrics& m, const ReportInfo& info,
 // Python's str(float): "5.0", "0.5", "inf" (vLLM's result file names use it).
 std::string python_float_str(double v);
 
+// Speculative decoding's counters as a server's /metrics exposes them
+// (vllm:spec_decode_*_total, summed over engines), and their change over a run.
+struct SpecDecodeCounts {
+  double drafts = 0, draft_tokens = 0, accepted_tokens = 0;
+  std::vector<double> accepted_per_pos;  // by the position label
+
+  SpecDecodeCounts minus(const SpecDecodeCounts& before) const;
+};
+// From the Prometheus text format; absent counters are 0.
+SpecDecodeCounts parse_spec_decode_counts(const std::string& prometheus_text);
+// vLLM's "Speculative Decoding" section: acceptance rate and length (1 + accepted
+// drafts per draft), counts, per-position acceptance. Empty when no draft was made.
+std::string format_spec_decode_table(const SpecDecodeCounts& run);
+// The same as result fields (spec_decode_acceptance_length, ...); none without drafts.
+void add_spec_decode_json(const SpecDecodeCounts& run, nlohmann::json* result);
+
 }  // namespace dserve::cli

@@ -195,6 +195,14 @@ Result<std::string> first_served_model(const ServePlan& p) {
                           "/v1/models lists no model: pass --model");
 }
 
+// The server's speculative-decoding counters now, or none when it has no /metrics
+// (another server kind): the run then reports no acceptance.
+std::optional<SpecDecodeCounts> spec_decode_counts(const ServePlan& p) {
+  Result<std::string> body = http_get(p.server_url + "/metrics", p.headers, kModelsTimeout);
+  if (!body.ok()) return std::nullopt;
+  return parse_spec_decode_counts(*body);
+}
+
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
   if (!path_exists(path)) {
     return not_found("tokenizer " + path +
@@ -466,8 +474,11 @@ Status bench(const BenchServeOptions& o) {
 
   const int n = static_cast<int>(requests.size());
   const std::vector<double> arrivals = arrival_times(n, plan.request_rate, plan.burstiness, o.seed);
+  const std::optional<SpecDecodeCounts> spec_before = spec_decode_counts(plan);
   LoadRun load(plan, o, requests);
   DS_ASSIGN_OR_RETURN(const double duration, load.run(arrivals));
+  std::optional<SpecDecodeCounts> spec_run = spec_decode_counts(plan);
+  if (spec_before && spec_run) spec_run = spec_run->minus(*spec_before);
   const std::vector<RequestOutcome> outcomes = load.outcomes(*tok);
 
   const BenchmarkMetrics m = calculate_metrics(outcomes, duration, plan.percentiles, plan.slos);
@@ -478,12 +489,15 @@ Status bench(const BenchServeOptions& o) {
   info.duration_s = duration;
   info.percentile_metrics = plan.percentile_metrics;
   std::fputs(format_result_table(m, info).c_str(), stdout);
+  if (spec_run) std::fputs(format_spec_decode_table(*spec_run).c_str(), stdout);
   std::fflush(stdout);
   report_failures(outcomes);
   if (m.completed == 0) DS_LOG_WARN("all requests failed");
   if (o.save_result) {
     const std::string file = result_path(plan, o, date);
-    DS_RETURN_IF_ERROR(save_result(plan, o, date, file, n, result_json(m, info, outcomes)));
+    nlohmann::json result = result_json(m, info, outcomes);
+    if (spec_run) add_spec_decode_json(*spec_run, &result);
+    DS_RETURN_IF_ERROR(save_result(plan, o, date, file, n, std::move(result)));
     std::printf("Saved result to %s\n", file.c_str());
   }
   return Status::Ok();

@@ -92,16 +92,18 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::s
 
 void add_kv_cache_dtype_option(CLI::App* cmd, std::string* value) {
   cmd->add_option("--kv-cache-dtype", *value,
-                  "element type of the paged KV cache: auto (float16 on the CPU), float16 or "
-                  "float32; attention computes in float32 either way")
+                  "element type of the paged KV cache: auto (float16 on the CPU), float16, "
+                  "float32 or fp8 (fp8_e4m3: float8_e4m3fn, a quarter of float32's bytes); "
+                  "attention computes in float32 either way")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "float16", "float32"}));
+      ->check(CLI::IsMember({"auto", "float16", "float32", "fp8", "fp8_e4m3"}));
 }
 
 Result<DType> kv_cache_dtype_from_flag(const std::string& value) {
   if (value == "auto" || value == "float16") return DType::kF16;
   if (value == "float32") return DType::kF32;
-  return invalid_argument("--kv-cache-dtype " + value + ": use auto, float16 or float32");
+  if (value == "fp8" || value == "fp8_e4m3") return DType::kF8_E4M3;
+  return invalid_argument("--kv-cache-dtype " + value + ": use auto, float16, float32 or fp8");
 }
 
 int report_error(const Status& status) {

@@ -28,6 +28,8 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/serving.h"
+#include "server/stats_logger.h"
+#include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve::cli {
@@ -87,6 +89,15 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
                   "contradict is an error");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "reuse KV blocks of shared prompt prefixes (default on)");
+  cmd->add_option("--speculative-config", o->speculative_config,
+                  "speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", "
+                  "\"num_speculative_tokens\": K, \"prompt_lookup_min\": a, \"prompt_lookup_max\": b} "
+                  "or {\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": N}");
+  cmd->add_option("--log-stats-interval", o->log_stats_interval,
+                  "seconds between the log's throughput and cache lines (as vLLM's "
+                  "VLLM_LOG_STATS_INTERVAL)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag_callback("--disable-log-stats", [o] { o->log_stats_interval = 0; },
+                         "no periodic stats lines in the log");
   cmd->add_option("--chat-template", o->chat_template,
                   "a Jinja chat template file (or the template itself) instead of the model's");
   cmd->add_option("--reasoning-parser", o->reasoning_parser,
@@ -437,6 +448,11 @@ Result<LlmOptions> llm_options(const ServeOptions& o, const std::string& model_p
   lo.gpu_memory_utilization = o.gpu_memory_utilization;
   lo.max_model_len = o.max_model_len;
   lo.enable_prefix_caching = o.enable_prefix_caching;
+  lo.speculative_config = o.speculative_config;
+  if (!o.speculative_config.empty()) {  // refused before the model loads
+    Result<spec::SpeculativeConfig> sc = spec::SpeculativeConfig::parse(o.speculative_config);
+    if (!sc.ok()) return sc.status();
+  }
   lo.seed = o.seed;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
@@ -685,6 +701,7 @@ int run_api_server(const ServeOptions& o, const std::string& model_path, const L
   server::OpenAiServing serving(*client, chat_renderer(std::move(tmpl).value()),
                                 serving_config(o, model_path, template_source));
   server::HttpServer http(http_config(o, audit_log), serving, metrics);
+  server::StatsLogger stats_logger(metrics, o.log_stats_interval);
   return serve_until_stopped(http, *client, signals, o.shutdown_timeout);
 }
 

@@ -40,6 +40,8 @@ struct ServeOptions {
   std::string dtype = "auto";
   std::string quantization;
   bool enable_prefix_caching = true;
+  std::string speculative_config;  // vLLM's JSON; empty: off
+  double log_stats_interval = 10.0;  // seconds between stats lines; --disable-log-stats: 0
   std::string chat_template;
   std::string reasoning_parser;
   bool enable_auto_tool_choice = false;

@@ -255,17 +255,20 @@ void AsyncLlm::publish(std::vector<EngineOutput>& outputs) {
     Pending& p = it->second;
     OutputDelta d;
     d.index = p.index;
+    // Tokens after one that completes a stop string are dropped (a step that verified
+    // drafts can emit several), as if the request had ended there.
     bool stopped = false;
-    for (size_t k = 0; k < e.new_token_ids.size(); ++k) {
+    for (size_t k = 0; k < e.new_token_ids.size() && !stopped; ++k) {
       const int32_t t = e.new_token_ids[k];
       d.token_ids.push_back(t);
       const bool stop_token = e.ends_with_stop_token && k + 1 == e.new_token_ids.size();
-      if (p.text && !stopped) d.text += p.text->add(t, &stopped, stop_token);
+      if (p.text) d.text += p.text->add(t, &stopped, stop_token);
     }
-    if (!e.new_token_ids.empty() && observer_) {
+    if (e.logprobs.size() > d.token_ids.size()) e.logprobs.resize(d.token_ids.size());
+    if (!d.token_ids.empty() && observer_) {
       // Counted now, before the request's output can reach its client.
       observer_->on_tokens(p.n_generated_tokens == 0 ? p.n_prompt_tokens : 0,
-                           static_cast<int64_t>(e.new_token_ids.size()));
+                           static_cast<int64_t>(d.token_ids.size()));
       if (p.n_generated_tokens == 0) {
         observer_->on_first_token(seconds_between(p.arrival, now));
       } else {
@@ -273,13 +276,14 @@ void AsyncLlm::publish(std::vector<EngineOutput>& outputs) {
       }
     }
     p.last_token = now;
-    p.n_generated_tokens += static_cast<int>(e.new_token_ids.size());
+    p.n_generated_tokens += static_cast<int>(d.token_ids.size());
     d.logprobs = std::move(e.logprobs);
     d.prompt_logprobs = std::move(e.prompt_logprobs);
     std::optional<std::string> reason;
-    if (e.finish_reason) reason = sched::finish_reason_name(*e.finish_reason);
+    const bool cut_short = d.token_ids.size() < e.new_token_ids.size();
+    if (e.finish_reason && !cut_short) reason = sched::finish_reason_name(*e.finish_reason);
     if (stopped && !reason) {
-      (void)engine.finish_request(e.id, sched::FinishReason::kStop);
+      if (!e.finish_reason) (void)engine.finish_request(e.id, sched::FinishReason::kStop);
       reason = "stop";
     }
     if (!d.token_ids.empty() || !d.text.empty() || !d.prompt_logprobs.empty())

@@ -311,7 +311,11 @@ json to_json(const EngineStats& s) {
           {"n_running", s.n_running},
           {"n_waiting", s.n_waiting},
           {"n_blocks", s.n_blocks},
-          {"n_free_blocks", s.n_free_blocks}};
+          {"n_free_blocks", s.n_free_blocks},
+          {"spec_n_drafts", s.spec.n_drafts},
+          {"spec_n_draft_tokens", s.spec.n_draft_tokens},
+          {"spec_n_accepted_tokens", s.spec.n_accepted_tokens},
+          {"spec_n_accepted_per_pos", s.spec.n_accepted_per_pos}};
 }
 EngineStats engine_stats(const json& j) {
   EngineStats s;
@@ -325,6 +329,13 @@ EngineStats engine_stats(const json& j) {
   s.n_waiting = integer_at<int>(j, "n_waiting");
   s.n_blocks = integer_at<int>(j, "n_blocks");
   s.n_free_blocks = integer_at<int>(j, "n_free_blocks");
+  s.spec.n_drafts = integer_at<int64_t>(j, "spec_n_drafts");
+  s.spec.n_draft_tokens = integer_at<int64_t>(j, "spec_n_draft_tokens");
+  s.spec.n_accepted_tokens = integer_at<int64_t>(j, "spec_n_accepted_tokens");
+  s.spec.n_accepted_per_pos = integers_at<int64_t>(j, "spec_n_accepted_per_pos");
+  if (s.spec.n_accepted_per_pos.size() > 64) {
+    throw BadField{"\"spec_n_accepted_per_pos\" is longer than any draft"};
+  }
   return s;
 }
 

@@ -34,6 +34,15 @@ struct EngineOutput {
   std::vector<SampleResult> prompt_logprobs;
 };
 
+// Speculative decoding's counters, as vLLM's spec_decode metrics count them.
+struct SpecDecodeStats {
+  int64_t n_drafts = 0;           // request-steps that verified at least one draft
+  int64_t n_draft_tokens = 0;     // drafts verified
+  int64_t n_accepted_tokens = 0;  // drafts accepted
+  // [num_speculative_tokens]: how often the draft at each position was accepted.
+  std::vector<int64_t> n_accepted_per_pos;
+};
+
 struct EngineStats {
   int64_t n_steps = 0;
   int64_t n_preemptions = 0;
@@ -45,6 +54,7 @@ struct EngineStats {
   int n_waiting = 0;
   int n_blocks = 0;
   int n_free_blocks = 0;
+  SpecDecodeStats spec;
 };
 
 }  // namespace dserve

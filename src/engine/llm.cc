@@ -11,6 +11,7 @@
 #include "engine/llm_engine.h"
 #include "engine/output_text.h"
 #include "loader/model_files.h"
+#include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dserve {
@@ -124,6 +125,9 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   ec.max_model_len = static_cast<int>(context);
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.seed = o.seed;
+  if (!o.speculative_config.empty()) {
+    DS_ASSIGN_OR_RETURN(ec.speculative, spec::SpeculativeConfig::parse(o.speculative_config));
+  }
   if (llm->tokenizer_) ec.extra_eos_ids = llm->tokenizer_->stop_ids();
   DS_ASSIGN_OR_RETURN(llm->engine_,
                       LlmEngine::create(*llm->model_, ec, llm->backend_->host_thread_pool(),
@@ -223,16 +227,23 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
       if (it == pending.end()) continue;
       Pending& p = it->second;
       CompletionOutput& out = outs[p.index];
+      // Tokens after one that completes a stop string are dropped (a step that
+      // verified drafts can emit several), as if the request had ended there.
       bool stopped = false;
-      for (size_t k = 0; k < e.new_token_ids.size(); ++k) {
-        out.token_ids.push_back(e.new_token_ids[k]);
-        const bool stop_token = e.ends_with_stop_token && k + 1 == e.new_token_ids.size();
-        if (p.text && !stopped) out.text += p.text->add(e.new_token_ids[k], &stopped, stop_token);
+      size_t n_kept = 0;
+      for (; n_kept < e.new_token_ids.size() && !stopped; ++n_kept) {
+        out.token_ids.push_back(e.new_token_ids[n_kept]);
+        const bool stop_token = e.ends_with_stop_token && n_kept + 1 == e.new_token_ids.size();
+        if (p.text) out.text += p.text->add(e.new_token_ids[n_kept], &stopped, stop_token);
       }
-      for (SampleResult& r : e.logprobs) out.logprobs.push_back(std::move(r));
+      for (size_t k = 0; k < e.logprobs.size() && k < n_kept; ++k)
+        out.logprobs.push_back(std::move(e.logprobs[k]));
       std::optional<sched::FinishReason> reason = e.finish_reason;
+      if (n_kept < e.new_token_ids.size()) reason.reset();  // cut short by a stop string
       if (stopped && !reason) {
-        DS_RETURN_IF_ERROR(engine_->finish_request(e.id, sched::FinishReason::kStop));
+        if (!e.finish_reason) {
+          DS_RETURN_IF_ERROR(engine_->finish_request(e.id, sched::FinishReason::kStop));
+        }
         reason = sched::FinishReason::kStop;
       }
       if (!reason) continue;

@@ -5,6 +5,7 @@
 
 #include "base/check.h"
 #include "base/log.h"
+#include "spec/ngram_proposer.h"
 
 namespace dserve {
 
@@ -32,7 +33,15 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
   }
   if (!is_kv_cache_dtype(config.kv_cache_dtype)) {
     return invalid_argument("kv_cache_dtype " + std::string(dtype_name(config.kv_cache_dtype)) +
-                            " is not supported: use f32 or f16");
+                            " is not supported: use f32, f16 or f8_e4m3");
+  }
+  if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
+    if (!model.has_mtp_layer()) {
+      return invalid_argument("--speculative-config: method deepseek_mtp needs a model with a "
+                              "multi-token-prediction layer; " + info.architecture +
+                              " as loaded has none");
+    }
+    DS_RETURN_IF_ERROR(model.enable_mtp());  // before the cache is sized: one more layer
   }
   const size_t bytes_per_token = model.paged_bytes_per_token(config.kv_cache_dtype);
   if (bytes_per_token == 0) {
@@ -65,6 +74,9 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
   sc.max_num_seqs = config.max_num_seqs;
   sc.max_model_len = config.max_model_len;
+  if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
+    sc.lookahead_slots = config.speculative.num_speculative_tokens - 1;  // the chain's slots
+  }
   kvcache::KvCacheConfig kc;
   kc.n_blocks = n_blocks;
   kc.block_size = config.block_size;
@@ -82,6 +94,15 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(CausalLm& model,
       dtype_name(config.kv_cache_dtype), config.max_model_len,
       config.max_num_seqs, config.max_num_batched_tokens,
       config.enable_prefix_caching ? "on" : "off");
+  if (config.speculative.enabled()) {
+    DS_LOG_INFO("speculative decoding: {}, {} draft tokens per step{}",
+                config.speculative.method_name(), config.speculative.num_speculative_tokens,
+                config.speculative.method == spec::SpeculativeMethod::kNgram
+                    ? fmt::format(", prompt lookup {}-{} tokens",
+                                  config.speculative.prompt_lookup_min,
+                                  config.speculative.prompt_lookup_max)
+                    : std::string());
+  }
   return std::unique_ptr<LlmEngine>(
       new LlmEngine(model, config, std::move(scheduler), std::move(cache), sampling_pool,
                     tokenizer));
@@ -98,6 +119,10 @@ LlmEngine::LlmEngine(CausalLm& model, const EngineConfig& config,
       entropy_(config.seed ? *config.seed : std::random_device{}()),
       tokenizer_(tokenizer) {
   eos_ids_ = model.info().eos_ids;
+  if (config.speculative.method == spec::SpeculativeMethod::kMtp) {
+    mtp_ = std::make_unique<MtpProposer>(model, config.speculative.num_speculative_tokens,
+                                         config.block_size, config.max_model_len);
+  }
   for (int32_t id : config.extra_eos_ids) {
     if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
   }
@@ -180,6 +205,7 @@ Status LlmEngine::add_request(RequestId id, std::vector<int32_t> prompt,
 
 Status LlmEngine::finish_request(RequestId id, sched::FinishReason reason) {
   DS_RETURN_IF_ERROR(scheduler_->finish_request(id, reason));
+  throttle_.forget(id);
   states_.erase(id);
   prompt_scores_.erase(id);
   // Its block table goes when the next plan lists it as finished.
@@ -197,6 +223,8 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
   b.logits_rows.clear();
   b.row_prompt_pos.clear();
   b.row_request.clear();
+  b.first_sample_row.assign(plan.requests.size(), -1);
+  b.first_token.assign(plan.requests.size(), 0);
   b.block_table_offsets.assign(1, 0);
   for (size_t s = 0; s < plan.requests.size(); ++s) {
     const sched::ScheduledRequest& r = plan.requests[s];
@@ -205,10 +233,16 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
     table.insert(table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
     b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
     b.block_table_offsets.push_back(static_cast<int64_t>(b.block_tables.size()));
+    b.first_token[s] = static_cast<int32_t>(b.tokens.size());
     auto scoring = prompt_scores_.find(r.id);
     const int n_scored = scoring == prompt_scores_.end()
                              ? 0
                              : static_cast<int>(scoring->second.scores.size());
+    auto add_token = [&](int32_t token, int pos) {
+      b.tokens.push_back(token);
+      b.positions.push_back(pos);
+      b.seq_of_token.push_back(static_cast<int32_t>(s));
+    };
     for (int i = 0; i < r.n_tokens; ++i) {
       const int pos = r.start_pos + i;
       if (pos < n_scored) {  // this row's logits score the next prompt token
@@ -216,15 +250,116 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
         b.row_prompt_pos.push_back(pos);
         b.row_request.push_back(r.id);
       }
-      b.tokens.push_back(r.token_ids[i]);
-      b.positions.push_back(pos);
-      b.seq_of_token.push_back(static_cast<int32_t>(s));
+      add_token(r.token_ids[i], pos);
     }
-    if (r.sample) {
+    if (!r.sample) continue;
+    // The last known token's row, then one row after each draft.
+    b.first_sample_row[s] = static_cast<int32_t>(b.logits_rows.size());
+    for (size_t d = 0; d <= r.draft_token_ids.size(); ++d) {
+      if (d > 0) add_token(r.draft_token_ids[d - 1], r.start_pos + r.n_tokens - 1 + static_cast<int>(d));
       b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
       b.row_prompt_pos.push_back(-1);
       b.row_request.push_back(r.id);
     }
+  }
+}
+
+void LlmEngine::score_prompt_rows() {
+  const int64_t vocab = model_.info().vocab_size;
+  for (size_t row = 0; row < batch_.logits_rows.size(); ++row) {
+    const int pos = batch_.row_prompt_pos[row];
+    if (pos < 0) continue;
+    std::span<const float> logits(logits_.data() + row * vocab, static_cast<size_t>(vocab));
+    PromptScores& ps = prompt_scores_.at(batch_.row_request[row]);
+    ps.scores[pos] = prompt_scorer_.score(logits, ps.prompt[pos + 1], ps.n_top);
+  }
+}
+
+void LlmEngine::sample_step(const sched::SchedulerOutput& plan,
+                            std::vector<std::vector<int32_t>>& emitted,
+                            std::vector<std::vector<SampleResult>>& results) {
+  std::vector<SamplingState*> states;
+  std::vector<int32_t> first_row;
+  std::vector<std::span<const int32_t>> drafts;
+  std::vector<size_t> plan_index;
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    if (!plan.requests[i].sample) continue;
+    auto it = states_.find(plan.requests[i].id);
+    DS_CHECK_MSG(it != states_.end(), "no sampling state for a planned request");
+    states.push_back(it->second.get());
+    first_row.push_back(batch_.first_sample_row[i]);
+    drafts.push_back(plan.requests[i].draft_token_ids);
+    plan_index.push_back(i);
+  }
+  emitted.assign(plan.requests.size(), {});
+  results.assign(plan.requests.size(), {});
+  if (states.empty()) return;
+  std::vector<std::vector<SampleResult>> out(states.size());
+  sampler_.sample(logits_, model_.info().vocab_size, states, first_row, drafts, out);
+  for (size_t j = 0; j < out.size(); ++j) {
+    std::vector<int32_t>& tokens = emitted[plan_index[j]];
+    for (const SampleResult& r : out[j]) tokens.push_back(r.token);
+    if (!drafts[j].empty()) count_acceptance(plan.requests[plan_index[j]].id, drafts[j], tokens);
+    n_generated_tokens_ += static_cast<int64_t>(tokens.size());
+    results[plan_index[j]] = std::move(out[j]);
+  }
+}
+
+void LlmEngine::count_acceptance(RequestId id, std::span<const int32_t> drafts,
+                                 std::span<const int32_t> emitted) {
+  size_t accepted = 0;
+  while (accepted < drafts.size() && accepted < emitted.size() &&
+         emitted[accepted] == drafts[accepted]) {
+    ++accepted;
+  }
+  SpecDecodeStats& s = spec_stats_;
+  ++s.n_drafts;
+  s.n_draft_tokens += static_cast<int64_t>(drafts.size());
+  s.n_accepted_tokens += static_cast<int64_t>(accepted);
+  if (s.n_accepted_per_pos.size() < drafts.size()) s.n_accepted_per_pos.resize(drafts.size(), 0);
+  for (size_t k = 0; k < accepted; ++k) ++s.n_accepted_per_pos[k];
+  throttle_.record(id, static_cast<int>(accepted));
+}
+
+Status LlmEngine::propose_mtp(const sched::SchedulerOutput& plan,
+                              std::span<const std::vector<int32_t>> emitted,
+                              std::vector<std::vector<int32_t>>* drafts) {
+  if (!mtp_) return Status::Ok();
+  // A prefill chunk short of the prompt's end: the MTP layer's last position there
+  // pairs with the next prompt token.
+  std::vector<int32_t> next_prompt_token(plan.requests.size(), 0);
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    const sched::ScheduledRequest& r = plan.requests[i];
+    if (r.sample) continue;
+    const sched::Request* req = scheduler_->find(r.id);
+    DS_CHECK(req != nullptr && r.start_pos + r.n_tokens < req->n_tokens());
+    next_prompt_token[i] = req->tokens()[r.start_pos + r.n_tokens];
+  }
+  const Batch& b = batch_;
+  const StepView view{b.tokens, b.positions, b.seq_of_token, b.block_tables,
+                      b.block_table_offsets, b.first_token};
+  return mtp_->propose(plan, view, emitted, next_prompt_token, *cache_, drafts);
+}
+
+void LlmEngine::propose_drafts(const sched::SchedulerOutput& plan,
+                               std::vector<std::vector<int32_t>>& mtp_drafts) {
+  const spec::SpeculativeConfig& sc = config_.speculative;
+  if (!sc.enabled()) return;
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    const sched::ScheduledRequest& r = plan.requests[i];
+    if (!r.sample) continue;
+    const sched::Request* req = scheduler_->find(r.id);
+    if (req == nullptr || req->state != sched::RequestState::kRunning) {
+      throttle_.forget(r.id);
+      continue;
+    }
+    if (!throttle_.should_draft(r.id)) continue;
+    std::vector<int32_t> drafts =
+        sc.method == spec::SpeculativeMethod::kMtp
+            ? std::move(mtp_drafts[i])
+            : spec::propose_ngram(req->tokens(), sc.prompt_lookup_min, sc.prompt_lookup_max,
+                                  sc.num_speculative_tokens);
+    if (!drafts.empty()) scheduler_->set_draft_tokens(r.id, std::move(drafts));
   }
 }
 
@@ -252,71 +387,45 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
     n_computed_tokens_ += mb.n_tokens();
   }
 
-  // 3. sample: only requests whose known tokens are all computed.
-  std::vector<const SamplingState*> states;
-  std::vector<size_t> sampled_index;  // plan index of each sampled row
-  for (size_t i = 0; i < plan.requests.size(); ++i) {
-    if (!plan.requests[i].sample) continue;
-    auto it = states_.find(plan.requests[i].id);
-    DS_CHECK_MSG(it != states_.end(), "no sampling state for a planned request");
-    states.push_back(it->second.get());
-    sampled_index.push_back(i);
-  }
-  std::vector<SampleResult> results(states.size());
-  const int64_t vocab = model_.info().vocab_size;
-  std::span<const float> sample_logits = logits_;
-  if (states.size() != batch_.logits_rows.size()) {
-    // Prompt-scoring rows are mixed in: score them, and gather the sampling rows.
-    sample_logits_.clear();
-    for (size_t row = 0; row < batch_.logits_rows.size(); ++row) {
-      std::span<const float> logits(logits_.data() + row * vocab, static_cast<size_t>(vocab));
-      const int pos = batch_.row_prompt_pos[row];
-      if (pos < 0) {
-        sample_logits_.insert(sample_logits_.end(), logits.begin(), logits.end());
-        continue;
-      }
-      PromptScores& ps = prompt_scores_.at(batch_.row_request[row]);
-      ps.scores[pos] = prompt_scorer_.score(logits, ps.prompt[pos + 1], ps.n_top);
-    }
-    sample_logits = sample_logits_;
-  }
-  if (!states.empty()) {
-    DS_CHECK(static_cast<int64_t>(sample_logits.size()) ==
-             static_cast<int64_t>(states.size()) * vocab);
-    sampler_.sample(sample_logits, vocab, states, results);
-  }
-  std::vector<int32_t> sampled(plan.requests.size(), 0);
-  for (size_t j = 0; j < results.size(); ++j) {
-    sampled[sampled_index[j]] = results[j].token;
-    SamplingState& st = *states_.at(plan.requests[sampled_index[j]].id);
-    (void)st.accept(results[j].token);  // penalties and the RNG counter; the scheduler stops
-  }
-  n_generated_tokens_ += static_cast<int64_t>(results.size());
+  // 3. sample: only requests whose known tokens are all computed; drafts verified.
+  score_prompt_rows();
+  std::vector<std::vector<int32_t>> emitted;
+  std::vector<std::vector<SampleResult>> results;
+  sample_step(plan, emitted, results);
+  std::vector<std::vector<int32_t>> mtp_drafts;
+  if (!batch_.tokens.empty()) DS_RETURN_IF_ERROR(propose_mtp(plan, emitted, &mtp_drafts));
 
-  // 4. update
-  std::vector<sched::RequestOutput> applied = scheduler_->update_from_output(plan, sampled);
-  size_t j = 0;
-  for (const sched::RequestOutput& a : applied) {
-    while (j < sampled_index.size() && plan.requests[sampled_index[j]].id != a.id) ++j;
-    DS_CHECK(j < sampled_index.size());
-    auto it = states_.find(a.id);
+  // 4. update: one applied token per RequestOutput, a request's tokens consecutive.
+  std::vector<sched::RequestOutput> applied = scheduler_->update_from_output(plan, emitted);
+  size_t i = 0;  // plan index of the current request
+  for (size_t a = 0; a < applied.size();) {
+    const RequestId id = applied[a].id;
+    while (i < plan.requests.size() && plan.requests[i].id != id) ++i;
+    DS_CHECK(i < plan.requests.size());
+    auto it = states_.find(id);
     DS_CHECK(it != states_.end());
     EngineOutput o;
-    o.id = a.id;
-    o.finish_reason = a.finish_reason;
-    // A stop token (eos or one of stop_token_ids) stays in the output with its logprob,
-    // as vLLM keeps it: clients that score the last token (lm-eval's loglikelihood) and
-    // usage counts depend on it. Only its text is left out, by the detokenising caller.
-    o.new_token_ids.push_back(a.token);
-    if (it->second->params().logprobs()) o.logprobs.push_back(std::move(results[j]));
-    o.ends_with_stop_token = a.finish_reason == sched::FinishReason::kStop;
-    if (auto ps = prompt_scores_.find(a.id); ps != prompt_scores_.end()) {
+    o.id = id;
+    const bool with_logprobs = it->second->params().logprobs().has_value();
+    for (size_t k = 0; a < applied.size() && applied[a].id == id; ++a, ++k) {
+      // A stop token (eos or one of stop_token_ids) stays in the output with its
+      // logprob, as vLLM keeps it: clients that score the last token (lm-eval's
+      // loglikelihood) and usage counts depend on it. Only its text is left out, by the
+      // detokenising caller.
+      o.new_token_ids.push_back(applied[a].token);
+      if (with_logprobs) o.logprobs.push_back(std::move(results[i][k]));
+      o.finish_reason = applied[a].finish_reason;
+    }
+    o.ends_with_stop_token = o.finish_reason == sched::FinishReason::kStop;
+    if (auto ps = prompt_scores_.find(id); ps != prompt_scores_.end()) {
       o.prompt_logprobs = std::move(ps->second.scores);
       prompt_scores_.erase(ps);
     }
-    if (a.finish_reason) states_.erase(it);
+    if (o.finish_reason) states_.erase(it);
     outputs.push_back(std::move(o));
+    ++i;
   }
+  propose_drafts(plan, mtp_drafts);
   return outputs;
 }
 
@@ -333,6 +442,7 @@ EngineStats LlmEngine::stats() const {
   e.n_waiting = s.n_waiting;
   e.n_blocks = s.kv.n_blocks;
   e.n_free_blocks = s.kv.n_free_blocks;
+  e.spec = spec_stats_;
   return e;
 }
 

@@ -4,6 +4,14 @@
 //             scheduled token of every request, through the model's paged KV cache;
 //   sample    one token for each request whose known tokens are all computed;
 //   update    Scheduler::update_from_output applies the step (stop ids, max_tokens).
+//
+// Speculative decoding (EngineConfig::speculative): after a step, each decoding request
+// gets drafts (prompt lookup: spec/ngram_proposer.h), which the next step runs as extra
+// query positions of the same forward pass, beside requests without drafts and prefill
+// chunks. The SpeculativeSampler verifies them losslessly (the emitted tokens are those
+// the request would produce without drafts); rejected positions' keys and values are
+// left to be overwritten, and the scheduler hashes no block before its tokens are
+// accepted.
 // The engine owns the Scheduler (and through it the KvCacheManager), the paged cache,
 // the per-request SamplingStates and block tables (the model runner's view of the
 // plan), and a BatchSampler. The model and its backend are borrowed.
@@ -30,13 +38,16 @@
 
 #include "base/status.h"
 #include "engine/engine_output.h"
+#include "engine/mtp_proposer.h"
 #include "grammar/structured_output.h"
 #include "model/causal_lm.h"
-#include "sampling/batch_sampler.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_params.h"
 #include "sampling/sampling_state.h"
+#include "sampling/speculative_sampler.h"
 #include "sched/scheduler.h"
+#include "spec/draft_throttle.h"
+#include "spec/speculative_config.h"
 
 namespace dserve {
 
@@ -59,6 +70,8 @@ struct EngineConfig {
   std::optional<uint64_t> seed;
   // End-of-sequence ids besides the model's own (e.g. the tokenizer's stop ids).
   std::vector<int32_t> extra_eos_ids;
+  // Speculative decoding (--speculative-config); off by default.
+  spec::SpeculativeConfig speculative;
 };
 
 class LlmEngine {
@@ -113,12 +126,31 @@ class LlmEngine {
 
   // The model runner: the plan as one ModelBatch, block tables updated from the plan.
   void build_batch(const sched::SchedulerOutput& plan);
+  // Scores the step's prompt-logprob rows into prompt_scores_.
+  void score_prompt_rows();
+  // Samples (verifying drafts) every request of the plan that reached its last known
+  // token. emitted[i] / results[i]: the tokens and their results for plan.requests[i].
+  void sample_step(const sched::SchedulerOutput& plan, std::vector<std::vector<int32_t>>& emitted,
+                   std::vector<std::vector<SampleResult>>& results);
+  // Counts drafts and accepted drafts for the speculative-decoding metrics and the
+  // request's throttle.
+  void count_acceptance(RequestId id, std::span<const int32_t> drafts,
+                        std::span<const int32_t> emitted);
+  // The MTP layer's drafts (drafts by plan index) after the step's sampling, before
+  // the scheduler applies it.
+  Status propose_mtp(const sched::SchedulerOutput& plan,
+                     std::span<const std::vector<int32_t>> emitted,
+                     std::vector<std::vector<int32_t>>* drafts);
+  // Hands each request this step sampled that still runs its drafts for the next step
+  // (mtp_drafts by plan index, or prompt lookup's).
+  void propose_drafts(const sched::SchedulerOutput& plan,
+                      std::vector<std::vector<int32_t>>& mtp_drafts);
 
   CausalLm& model_;
   const EngineConfig config_;
   std::unique_ptr<sched::Scheduler> scheduler_;
   std::unique_ptr<PagedCache> cache_;
-  BatchSampler sampler_;
+  SpeculativeSampler sampler_;
   std::vector<int32_t> eos_ids_;
   std::mt19937_64 entropy_;  // seeds of unseeded requests
   const Tokenizer* tokenizer_;
@@ -144,12 +176,17 @@ class LlmEngine {
     // sampling row; and the request it belongs to.
     std::vector<int32_t> row_prompt_pos;
     std::vector<RequestId> row_request;
+    // Per plan request: its first sampling row (then one per draft), or -1; and the
+    // index of its first token.
+    std::vector<int32_t> first_sample_row, first_token;
   } batch_;
   std::vector<float> logits_;
-  std::vector<float> sample_logits_;  // the sampling rows alone, when prompt rows are mixed in
   int64_t n_computed_tokens_ = 0;
   int64_t n_forward_passes_ = 0;
   int64_t n_generated_tokens_ = 0;
+  SpecDecodeStats spec_stats_;
+  std::unique_ptr<MtpProposer> mtp_;  // speculative method deepseek_mtp
+  spec::DraftThrottle throttle_;
 };
 
 }  // namespace dserve

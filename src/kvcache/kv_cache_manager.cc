@@ -47,8 +47,8 @@ PrefixHit KvCacheManager::get_computed_blocks(RequestId id, std::span<const int3
 }
 
 bool KvCacheManager::allocate_slots(RequestId id, std::span<const int32_t> tokens, int n_computed,
-                                    int n_new, const PrefixHit* hit) {
-  DS_CHECK(n_computed >= 0 && n_new >= 0);
+                                    int n_new, const PrefixHit* hit, int n_lookahead) {
+  DS_CHECK(n_computed >= 0 && n_new >= 0 && n_lookahead >= 0);
   const int64_t n_total = int64_t(n_computed) + n_new;
   DS_CHECK_MSG(size_t(n_total) <= tokens.size(), "slots for %lld tokens, %zu known",
                static_cast<long long>(n_total), tokens.size());
@@ -59,7 +59,7 @@ bool KvCacheManager::allocate_slots(RequestId id, std::span<const int32_t> token
                  "a prefix hit applies only to a request's first allocation");
   }
   const int n_have = static_cast<int>(r.table.size()) + n_hit_blocks;
-  const int n_needed = std::max(0, blocks_for(n_total) - n_have);
+  const int n_needed = std::max(0, blocks_for(n_total + n_lookahead) - n_have);
   // Hit blocks nobody holds sit in the free list: taking them uses up free blocks too.
   int n_hits_free = 0;
   if (hit) {

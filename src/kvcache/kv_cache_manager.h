@@ -96,10 +96,13 @@ class KvCacheManager {
   // Makes room for tokens [0, n_computed + n_new) of request `id`, whose known tokens
   // are `tokens` (n_computed + n_new <= tokens.size()). On the request's first
   // allocation pass the hit from get_computed_blocks() (n_computed == hit->n_tokens);
-  // it is also what the queried / hit counters count. Returns false, changing nothing,
-  // when the free blocks do not suffice.
+  // it is also what the queried / hit counters count. n_lookahead: slots for further
+  // positions whose tokens are not known yet (speculative drafts the step verifies);
+  // they get blocks but no hash, so a block is cached only once its tokens are
+  // accepted. Returns false, changing nothing, when the free blocks do not suffice.
   [[nodiscard]] bool allocate_slots(RequestId id, std::span<const int32_t> tokens, int n_computed,
-                                    int n_new, const PrefixHit* hit = nullptr);
+                                    int n_new, const PrefixHit* hit = nullptr,
+                                    int n_lookahead = 0);
 
   // Gives child the parent's first n_computed token slots: full blocks are shared (one
   // more owner each); a partial last block is copied into a fresh block, returned for

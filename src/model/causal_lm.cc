@@ -92,6 +92,17 @@ class DeepseekLm final : public ModelLm<DeepseekModel, MlaKvCache, PagedMlaCache
     return line;
   }
   Status forward_idle() override { return model_->forward_idle(); }
+  size_t paged_bytes_per_token(DType dtype) const override {
+    return PagedMlaCache::bytes_per_token(model_->cache_config(), dtype);
+  }
+  bool has_mtp_layer() const override { return model_->config().num_nextn_predict_layers > 0; }
+  Status enable_mtp() override { return model_->enable_mtp(); }
+  Status forward_mtp(const ModelBatch& batch, PagedCache& cache,
+                     std::span<const int32_t> prev_rows, bool prev_is_target,
+                     std::vector<float>* logits) override {
+    return model_->forward_mtp(batch, static_cast<PagedMlaCache&>(cache), prev_rows,
+                               prev_is_target, logits);
+  }
 };
 
 }  // namespace

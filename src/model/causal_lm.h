@@ -70,6 +70,23 @@ class CausalLm {
     return unimplemented(info().architecture + ": no batched forward yet");
   }
 
+  // --- Multi-token prediction (speculative decoding's deepseek_mtp drafts). ---
+  // Whether the model's files hold an MTP layer.
+  virtual bool has_mtp_layer() const { return false; }
+  // Loads the MTP layer; paged caches made afterwards hold its cache too (and
+  // paged_bytes_per_token() counts it).
+  virtual Status enable_mtp() {
+    return invalid_argument(info().architecture + " has no multi-token-prediction layer");
+  }
+  // One pass of the MTP layer over `batch` (see DeepseekModel::forward_mtp): token i
+  // pairs with row prev_rows[i] of the previous pass's hidden states (forward_batch's
+  // when prev_is_target, else the previous forward_mtp's). Logits at batch.logits_rows.
+  virtual Status forward_mtp(const ModelBatch& batch, PagedCache& cache,
+                             std::span<const int32_t> prev_rows, bool prev_is_target,
+                             std::vector<float>* logits) {
+    return invalid_argument(info().architecture + " has no multi-token-prediction layer");
+  }
+
   // With expert parallelism over data-parallel engines: this engine's part of one
   // forward's collectives with no tokens of its own, so that the other engines can
   // step (vLLM's dummy batch); no cache is touched. Otherwise nothing.

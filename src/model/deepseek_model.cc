@@ -65,10 +65,11 @@ DeepseekModel::DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend
 void DeepseekModel::Scratch::bind(Backend& backend) {
   for (DeviceArray<float>* a : {&x, &xb, &qa, &q, &kva, &att, &c_all, &kvb, &k, &v, &q_abs, &out_lat,
                                 &tmp_in, &tmp_out, &gate, &up, &moe_out, &expert_in, &expert_out,
-                                &router, &expert_weights, &rows}) {
+                                &router, &expert_weights, &rows, &mtp_prev, &mtp_cat}) {
     a->bind(&backend);
   }
   expert_ids.bind(&backend);
+  mtp_rows.bind(&backend);
   batch.bind(backend);
 }
 
@@ -479,12 +480,79 @@ Status DeepseekModel::build_absorbed(int layer, LayerWeights* w) {
 
 // Looks up every tensor the architecture needs and checks its shape against the
 // config, so a mismatched checkpoint fails here, by name, never inside a kernel.
-Status DeepseekModel::bind_weights() {
+Status DeepseekModel::bind_layer(int l, LayerWeights* out) {
   const DeepseekConfig& c = config_;
   const int64_t hidden = c.hidden_size, H = c.n_heads;
   const int64_t qk = c.qk_head_dim(), r = c.kv_lora_rank, rope = c.qk_rope_head_dim;
   // This rank's heads [h0, h0 + Hl) (all of them on one rank).
   const int64_t h0 = head_begin_, Hl = shard_.n_heads;
+  LayerWeights& w = *out;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  const std::string a = p + "self_attn.";
+  DS_RETURN_IF_ERROR(bind(p + "input_layernorm.weight", {hidden}, true, true, &w.attn_norm));
+  if (c.q_lora_rank > 0) {
+    DS_RETURN_IF_ERROR(bind(a + "q_a_proj.weight", {c.q_lora_rank, hidden}, true, false, &w.q_a));
+    DS_RETURN_IF_ERROR(
+        bind(a + "q_a_layernorm.weight", {c.q_lora_rank}, true, true, &w.q_a_norm));
+    DS_RETURN_IF_ERROR(bind(a + "q_b_proj.weight", {H * qk, c.q_lora_rank}, true, false, &w.q_b));
+    DS_RETURN_IF_ERROR(take_rows(&w.q_b, a + "q_b_proj.weight", h0 * qk, (h0 + Hl) * qk));
+  } else {
+    DS_RETURN_IF_ERROR(bind(a + "q_proj.weight", {H * qk, hidden}, true, false, &w.q_proj));
+    DS_RETURN_IF_ERROR(take_rows(&w.q_proj, a + "q_proj.weight", h0 * qk, (h0 + Hl) * qk));
+  }
+  DS_RETURN_IF_ERROR(
+      bind(a + "kv_a_proj_with_mqa.weight", {r + rope, hidden}, true, false, &w.kv_a));
+  DS_RETURN_IF_ERROR(bind(a + "kv_a_layernorm.weight", {r}, true, true, &w.kv_a_norm));
+  const int64_t kvb_rows = c.qk_nope_head_dim + c.v_head_dim;  // per head
+  // kv_b_proj is split into W_UK (transposed) and W_UV at load (build_absorbed): an
+  // FP8 kv_b_proj is converted to BF16, only this rank's heads' rows of it (counted in
+  // the start-up log's FP8 line).
+  DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * kvb_rows, r}, false, false, &w.kv_b));
+  const size_t kv_b_whole = w.kv_b != nullptr ? w.kv_b->n_bytes : 0;
+  DS_RETURN_IF_ERROR(take_rows(&w.kv_b, a + "kv_b_proj.weight", h0 * kvb_rows, (h0 + Hl) * kvb_rows));
+  if (w.kv_b != nullptr && w.kv_b->dtype == DType::kF8_E4M3) convert_kept_fp8(&w.kv_b, kv_b_whole);
+  DS_RETURN_IF_ERROR(build_absorbed(l, &w));
+  DS_RETURN_IF_ERROR(
+      bind(a + "o_proj.weight", {hidden, H * c.v_head_dim}, true, false, &w.o_proj));
+  DS_RETURN_IF_ERROR(
+      take_columns(&w.o_proj, a + "o_proj.weight", h0 * c.v_head_dim, (h0 + Hl) * c.v_head_dim));
+  DS_RETURN_IF_ERROR(
+      bind(p + "post_attention_layernorm.weight", {hidden}, true, true, &w.ffn_norm));
+
+  w.moe = c.is_moe_layer(l);
+  if (!w.moe) {
+    DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.", c.intermediate_size, &w.dense));
+    return shard_mlp(p + "mlp.", c.intermediate_size, &w.dense);
+  }
+  const int64_t n_exp = c.n_routed_experts;
+  const TensorView* router = files_->find(p + "mlp.gate.weight");
+  if (router != nullptr && router->shape.size() == 2 && router->shape[0] != n_exp) {
+    return corrupt(files_->path() + ": tensor '" + p + "mlp.gate.weight' routes to " +
+                   std::to_string(router->shape[0]) + " experts but " + c.source +
+                   " declares n_routed_experts " + std::to_string(n_exp));
+  }
+  DS_RETURN_IF_ERROR(bind(p + "mlp.gate.weight", {n_exp, hidden}, true, false, &w.router));
+  const TensorView* bias = nullptr;
+  DS_RETURN_IF_ERROR(bind(p + "mlp.gate.e_score_correction_bias", {n_exp},
+                          c.topk_method == TopkMethod::kNoauxTc, true, &bias));
+  if (bias != nullptr) {
+    std::vector<float> values(n_exp);
+    dequantize_row(bias->dtype, bias->data, values.data(), n_exp);
+    w.router_bias = backend_.alloc(values.size() * sizeof(float));
+    backend_.upload(w.router_bias.data(), values.data(), w.router_bias.bytes());
+  }
+  DS_RETURN_IF_ERROR(bind_experts(l, &w));
+  if (c.n_shared_experts > 0) {
+    const int64_t shared_inter = c.moe_intermediate_size * c.n_shared_experts;
+    DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.shared_experts.", shared_inter, &w.shared));
+    DS_RETURN_IF_ERROR(shard_mlp(p + "mlp.shared_experts.", shared_inter, &w.shared));
+  }
+  return Status::Ok();
+}
+
+Status DeepseekModel::bind_weights() {
+  const DeepseekConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
   DS_RETURN_IF_ERROR(
       bind("model.embed_tokens.weight", {c.vocab_size, hidden}, true, false, &embed_));
   DS_RETURN_IF_ERROR(take_rows(&embed_, "model.embed_tokens.weight", vocab_.begin(), vocab_.end()));
@@ -495,75 +563,13 @@ Status DeepseekModel::bind_weights() {
     DS_RETURN_IF_ERROR(bind("lm_head.weight", {c.vocab_size, hidden}, true, false, &lm_head_));
     DS_RETURN_IF_ERROR(take_rows(&lm_head_, "lm_head.weight", vocab_.begin(), vocab_.end()));
   }
+  layers_.reserve(c.n_layers + 1);  // room for the MTP block (enable_mtp)
   layers_.resize(c.n_layers);
-  for (int l = 0; l < c.n_layers; ++l) {
-    LayerWeights& w = layers_[l];
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::string a = p + "self_attn.";
-    DS_RETURN_IF_ERROR(bind(p + "input_layernorm.weight", {hidden}, true, true, &w.attn_norm));
-    if (c.q_lora_rank > 0) {
-      DS_RETURN_IF_ERROR(bind(a + "q_a_proj.weight", {c.q_lora_rank, hidden}, true, false, &w.q_a));
-      DS_RETURN_IF_ERROR(
-          bind(a + "q_a_layernorm.weight", {c.q_lora_rank}, true, true, &w.q_a_norm));
-      DS_RETURN_IF_ERROR(bind(a + "q_b_proj.weight", {H * qk, c.q_lora_rank}, true, false, &w.q_b));
-      DS_RETURN_IF_ERROR(take_rows(&w.q_b, a + "q_b_proj.weight", h0 * qk, (h0 + Hl) * qk));
-    } else {
-      DS_RETURN_IF_ERROR(bind(a + "q_proj.weight", {H * qk, hidden}, true, false, &w.q_proj));
-      DS_RETURN_IF_ERROR(take_rows(&w.q_proj, a + "q_proj.weight", h0 * qk, (h0 + Hl) * qk));
-    }
-    DS_RETURN_IF_ERROR(
-        bind(a + "kv_a_proj_with_mqa.weight", {r + rope, hidden}, true, false, &w.kv_a));
-    DS_RETURN_IF_ERROR(bind(a + "kv_a_layernorm.weight", {r}, true, true, &w.kv_a_norm));
-    const int64_t kvb_rows = c.qk_nope_head_dim + c.v_head_dim;  // per head
-    // kv_b_proj is split into W_UK (transposed) and W_UV at load (build_absorbed): an
-    // FP8 kv_b_proj is converted to BF16, only this rank's heads' rows of it (counted in
-    // the start-up log's FP8 line).
-    DS_RETURN_IF_ERROR(bind(a + "kv_b_proj.weight", {H * kvb_rows, r}, false, false, &w.kv_b));
-    const size_t kv_b_whole = w.kv_b != nullptr ? w.kv_b->n_bytes : 0;
-    DS_RETURN_IF_ERROR(take_rows(&w.kv_b, a + "kv_b_proj.weight", h0 * kvb_rows, (h0 + Hl) * kvb_rows));
-    if (w.kv_b != nullptr && w.kv_b->dtype == DType::kF8_E4M3) convert_kept_fp8(&w.kv_b, kv_b_whole);
-    DS_RETURN_IF_ERROR(build_absorbed(l, &w));
-    DS_RETURN_IF_ERROR(
-        bind(a + "o_proj.weight", {hidden, H * c.v_head_dim}, true, false, &w.o_proj));
-    DS_RETURN_IF_ERROR(
-        take_columns(&w.o_proj, a + "o_proj.weight", h0 * c.v_head_dim, (h0 + Hl) * c.v_head_dim));
-    DS_RETURN_IF_ERROR(
-        bind(p + "post_attention_layernorm.weight", {hidden}, true, true, &w.ffn_norm));
-
-    w.moe = c.is_moe_layer(l);
-    if (!w.moe) {
-      DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.", c.intermediate_size, &w.dense));
-      DS_RETURN_IF_ERROR(shard_mlp(p + "mlp.", c.intermediate_size, &w.dense));
-      continue;
-    }
-    const int64_t n_exp = c.n_routed_experts;
-    const TensorView* router = files_->find(p + "mlp.gate.weight");
-    if (router != nullptr && router->shape.size() == 2 && router->shape[0] != n_exp) {
-      return corrupt(files_->path() + ": tensor '" + p + "mlp.gate.weight' routes to " +
-                     std::to_string(router->shape[0]) + " experts but " + c.source +
-                     " declares n_routed_experts " + std::to_string(n_exp));
-    }
-    DS_RETURN_IF_ERROR(bind(p + "mlp.gate.weight", {n_exp, hidden}, true, false, &w.router));
-    const TensorView* bias = nullptr;
-    DS_RETURN_IF_ERROR(bind(p + "mlp.gate.e_score_correction_bias", {n_exp},
-                            c.topk_method == TopkMethod::kNoauxTc, true, &bias));
-    if (bias != nullptr) {
-      std::vector<float> values(n_exp);
-      dequantize_row(bias->dtype, bias->data, values.data(), n_exp);
-      w.router_bias = backend_.alloc(values.size() * sizeof(float));
-      backend_.upload(w.router_bias.data(), values.data(), w.router_bias.bytes());
-    }
-    DS_RETURN_IF_ERROR(bind_experts(l, &w));
-    if (c.n_shared_experts > 0) {
-      const int64_t shared_inter = c.moe_intermediate_size * c.n_shared_experts;
-      DS_RETURN_IF_ERROR(bind_mlp(p + "mlp.shared_experts.", shared_inter, &w.shared));
-      DS_RETURN_IF_ERROR(shard_mlp(p + "mlp.shared_experts.", shared_inter, &w.shared));
-    }
-  }
+  for (int l = 0; l < c.n_layers; ++l) DS_RETURN_IF_ERROR(bind_layer(l, &layers_[l]));
   if (c.num_nextn_predict_layers > 0) {
-    // The MTP module(s) are layers n_layers..; their weights stay mapped for
-    // speculative decoding later and are not run.
-    DS_LOG_INFO("{} MTP layer(s) present in the config; not run", c.num_nextn_predict_layers);
+    // The MTP module(s) are layers n_layers..: mapped, bound only by enable_mtp().
+    DS_LOG_INFO("{} MTP layer(s) present; run only for speculative decoding (deepseek_mtp)",
+                c.num_nextn_predict_layers);
   }
   rope_ = std::make_unique<RopeCache>(c.rope, max_context_);
   rope_table_ = std::make_unique<DeviceRopeTable>(backend_, *rope_);
@@ -595,7 +601,9 @@ size_t DeepseekModel::active_weight_bytes_per_token() const {
     return (m.gate ? m.gate->n_bytes : 0) + (m.up ? m.up->n_bytes : 0) +
            (m.down ? m.down->n_bytes : 0);
   };
-  for (const LayerWeights& w : layers_) {
+  // The main model's layers (not the MTP block, which only drafts).
+  for (int l = 0; l < config_.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
     for (const TensorView* t : {w.attn_norm, w.q_proj, w.q_a, w.q_a_norm, w.q_b, w.kv_a,
                                 w.kv_a_norm, w.o_proj, w.ffn_norm, w.router}) {
       if (t) bytes += t->n_bytes;
@@ -835,57 +843,83 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
   return compute_logits(static_cast<int64_t>(rows.size()), logits);
 }
 
+void DeepseekModel::ensure_scratch(int64_t n) {
+  const DeepseekConfig& c = shard_;
+  Scratch& s = scratch_;
+  s.x.ensure(n * c.hidden_size);
+  s.xb.ensure(n * c.hidden_size);
+  s.qa.ensure(n * std::max(c.q_lora_rank, 1));
+  s.q.ensure(n * c.n_heads * c.qk_head_dim());
+  s.kva.ensure(n * c.latent_dim());
+  s.att.ensure(n * c.n_heads * c.v_head_dim);
+  s.moe_out.ensure(n * c.hidden_size);
+}
+
 template <typename AttendFn>
 Status DeepseekModel::run_layers(int64_t n, AttendFn&& attend) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
-  const int64_t hidden = c.hidden_size, H = c.n_heads;
-  Scratch& s = scratch_;
-  float* x = s.x.ensure(n * hidden);
-  float* xb = s.xb.ensure(n * hidden);
-  s.qa.ensure(n * std::max(c.q_lora_rank, 1));
-  s.q.ensure(n * H * c.qk_head_dim());
-  s.kva.ensure(n * c.latent_dim());
-  float* att = s.att.ensure(n * H * c.v_head_dim);
-  float* moe_out = s.moe_out.ensure(n * hidden);
-
+  ensure_scratch(n);
   // x [n, hidden] = embedding rows (over the vocabulary's ranks)
-  DS_RETURN_IF_ERROR(vocab_.embed(*comm_, *embed_, s.batch.tokens(), n, hidden, x));
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = layers_[l];
-    // --- MLA block: x += o_proj(attention(rms_norm(x))) ---
-    backend_.rms_norm(x, *w.attn_norm, c.rms_norm_eps, n, hidden, xb);
-    attend(l);
-    backend_.matmul(*w.o_proj, nullptr, att, n, xb);
-    DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, xb, n * hidden));  // the ranks' heads' shares
-    backend_.add_inplace(x, xb, n * hidden);
+  DS_RETURN_IF_ERROR(vocab_.embed(*comm_, *embed_, scratch_.batch.tokens(), n, c.hidden_size,
+                                  scratch_.x.get()));
+  for (int l = 0; l < c.n_layers; ++l) DS_RETURN_IF_ERROR(run_layer(l, n, attend));
+  last_forward_rows_ = n;
+  return Status::Ok();
+}
 
-    // --- FFN block: x += mlp(rms_norm(x)) (dense or MoE) ---
-    backend_.rms_norm(x, *w.ffn_norm, c.rms_norm_eps, n, hidden, xb);
-    if (w.moe) {
-      DS_RETURN_IF_ERROR(run_moe(w, n));
-    } else {
-      run_mlp(w.dense, c.intermediate_size, xb, n, moe_out);
-    }
-    DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, moe_out, n * hidden));  // the ranks' FFN shares
-    backend_.add_inplace(x, moe_out, n * hidden);
+template <typename AttendFn>
+Status DeepseekModel::run_layer(int l, int64_t n, AttendFn&& attend) {
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
+  const int64_t hidden = c.hidden_size;
+  Scratch& s = scratch_;
+  float* x = s.x.get();
+  float* xb = s.xb.get();
+  float* moe_out = s.moe_out.get();
+  const LayerWeights& w = layers_[l];
+  // --- MLA block: x += o_proj(attention(rms_norm(x))) ---
+  backend_.rms_norm(x, *w.attn_norm, c.rms_norm_eps, n, hidden, xb);
+  attend(l);
+  backend_.matmul(*w.o_proj, nullptr, s.att.get(), n, xb);
+  DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, xb, n * hidden));  // the ranks' heads' shares
+  backend_.add_inplace(x, xb, n * hidden);
+
+  // --- FFN block: x += mlp(rms_norm(x)) (dense or MoE) ---
+  backend_.rms_norm(x, *w.ffn_norm, c.rms_norm_eps, n, hidden, xb);
+  if (w.moe) {
+    DS_RETURN_IF_ERROR(run_moe(w, n));
+  } else {
+    run_mlp(w.dense, c.intermediate_size, xb, n, moe_out);
   }
+  DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, moe_out, n * hidden));  // the ranks' FFN shares
+  backend_.add_inplace(x, moe_out, n * hidden);
   return Status::Ok();
 }
 
 Status DeepseekModel::compute_logits(int64_t n_out, std::vector<float>* logits) {
+  return compute_logits(n_out, *final_norm_, *lm_head_, logits);
+}
+
+Status DeepseekModel::compute_logits(int64_t n_out, const TensorView& norm,
+                                     const TensorView& head, std::vector<float>* logits) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t hidden = c.hidden_size;
   Scratch& s = scratch_;
-  // rows_x [n_out, hidden] = rms_norm(x[rows]); logits [n_out, vocab] = rows_x · lm_headᵀ
+  // rows_x [n_out, hidden] = rms_norm(x[rows]); logits [n_out, vocab] = rows_x · headᵀ
   float* rows = s.rows.ensure(n_out * hidden);
   backend_.gather_rows(s.x.get(), hidden, s.batch.rows(), n_out, rows);
-  backend_.rms_norm(rows, *final_norm_, c.rms_norm_eps, n_out, hidden, rows);
-  return vocab_.logits(*comm_, *lm_head_, rows, n_out, logits);
+  backend_.rms_norm(rows, norm, c.rms_norm_eps, n_out, hidden, rows);
+  return vocab_.logits(*comm_, head, rows, n_out, logits);
 }
 
 std::unique_ptr<PagedMlaCache> DeepseekModel::new_paged_cache(int n_blocks, int block_size,
                                                               DType dtype) const {
-  return std::make_unique<PagedMlaCache>(backend_, config_, n_blocks, block_size, dtype);
+  return std::make_unique<PagedMlaCache>(backend_, cache_config(), n_blocks, block_size, dtype);
+}
+
+DeepseekConfig DeepseekModel::cache_config() const {
+  DeepseekConfig c = config_;
+  if (mtp_) c.n_layers += 1;  // the MTP block's latents sit after the main layers'
+  return c;
 }
 
 void DeepseekModel::attention_paged(int layer, int64_t n, const PagedBatch& batch,
@@ -914,6 +948,128 @@ Status DeepseekModel::forward_batch(const ModelBatch& batch, PagedMlaCache& cach
   const PagedBatch pb = scratch_.batch.upload_paged(batch, host, slots);
   DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention_paged(l, n, pb, cache); }));
   return compute_logits(static_cast<int64_t>(batch.logits_rows.size()), logits);
+}
+
+}  // namespace dserve
+
+namespace dserve {
+
+Status DeepseekModel::enable_mtp() {
+  if (mtp_) return Status::Ok();
+  const DeepseekConfig& c = config_;
+  if (c.num_nextn_predict_layers < 1) {
+    return invalid_argument(files_->path() + ": " + c.source +
+                            " declares no multi-token-prediction layer "
+                            "(num_nextn_predict_layers is 0)");
+  }
+  if (dispatch_) {
+    return unimplemented("deepseek_mtp with expert parallelism across data-parallel engines: "
+                         "not supported yet (use it with tensor parallelism, or ngram)");
+  }
+  const int l = c.n_layers;
+  const int64_t hidden = c.hidden_size;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  auto mtp = std::make_unique<MtpWeights>();
+  Status s = [&]() -> Status {
+    DS_RETURN_IF_ERROR(bind(p + "enorm.weight", {hidden}, true, true, &mtp->enorm));
+    DS_RETURN_IF_ERROR(bind(p + "hnorm.weight", {hidden}, true, true, &mtp->hnorm));
+    DS_RETURN_IF_ERROR(bind(p + "eh_proj.weight", {hidden, 2 * hidden}, true, false, &mtp->eh_proj));
+    DS_RETURN_IF_ERROR(
+        bind(p + "shared_head.norm.weight", {hidden}, true, true, &mtp->head_norm));
+    // DeepSeek's checkpoints repeat the output head in the MTP layer; without it the
+    // main model's is shared, as the embedding always is.
+    DS_RETURN_IF_ERROR(
+        bind(p + "shared_head.head.weight", {c.vocab_size, hidden}, false, false, &mtp->head));
+    if (mtp->head != nullptr) {
+      DS_RETURN_IF_ERROR(take_rows(&mtp->head, p + "shared_head.head.weight", vocab_.begin(),
+                                   vocab_.end()));
+    } else {
+      mtp->head = lm_head_;
+    }
+    layers_.emplace_back();
+    return bind_layer(l, &layers_.back());
+  }();
+  if (!s.ok()) {
+    if (static_cast<int>(layers_.size()) > c.n_layers) layers_.pop_back();
+    return s.with_context("loading the MTP layer (model.layers." + std::to_string(l) + ")");
+  }
+  auto prepare = [&](const TensorView* t) {
+    if (t != nullptr) backend_.prepare_matmul_weight(*t);
+  };
+  const LayerWeights& w = layers_.back();
+  for (const TensorView* t : {mtp->eh_proj, mtp->head, w.q_proj, w.q_a, w.q_b, w.kv_a, w.kv_b,
+                              w.o_proj, w.router}) {
+    prepare(t);
+  }
+  for (const TensorView& t : w.w_uk_t) prepare(&t);
+  for (const TensorView& t : w.w_uv) prepare(&t);
+  for (const Mlp* m : {&w.dense, &w.shared}) {
+    for (const TensorView* t : {m->gate, m->up, m->down}) prepare(t);
+  }
+  for (const Mlp& m : w.experts) {
+    for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);
+  }
+  mtp_ = std::move(mtp);
+  DS_LOG_INFO("MTP layer {} loaded for speculative decoding", l);
+  return Status::Ok();
+}
+
+Status DeepseekModel::forward_mtp(const ModelBatch& batch, PagedMlaCache& cache,
+                                  std::span<const int32_t> prev_rows, bool prev_is_target,
+                                  std::vector<float>* logits) {
+  if (!mtp_) return invalid_argument("forward_mtp: the MTP layer is not loaded (enable_mtp)");
+  const DeepseekConfig& c = shard_;
+  const int64_t n = batch.n_tokens(), hidden = c.hidden_size;
+  if (static_cast<int64_t>(prev_rows.size()) != n) {
+    return invalid_argument("forward_mtp: " + std::to_string(n) + " tokens but " +
+                            std::to_string(prev_rows.size()) + " hidden-state rows");
+  }
+  for (int32_t r : prev_rows) {
+    if (r < 0 || r >= last_forward_rows_) {
+      return invalid_argument("forward_mtp: hidden-state row " + std::to_string(r) +
+                              " is outside the previous forward's " +
+                              std::to_string(last_forward_rows_) + " rows");
+    }
+  }
+  if (cache.n_layers() != c.n_layers + 1) {
+    return invalid_argument("forward_mtp: the paged cache has no MTP layer (made before "
+                            "enable_mtp)");
+  }
+  Scratch& s = scratch_;
+  // h [n, hidden] = hnorm(the previous pass's hidden state at each row): the main
+  // model's output (after its final norm) or the MTP block's own output.
+  float* prev = s.mtp_prev.ensure(n * hidden);
+  backend_.gather_rows(s.x.get(), hidden, s.mtp_rows.upload(prev_rows.data(), n), n, prev);
+  if (prev_is_target) backend_.rms_norm(prev, *final_norm_, c.rms_norm_eps, n, hidden, prev);
+  backend_.rms_norm(prev, *mtp_->hnorm, c.rms_norm_eps, n, hidden, prev);
+
+  std::vector<int64_t>& slots = s.slots;
+  PagedBatch host;
+  DS_RETURN_IF_ERROR(resolve_paged_batch(batch, config_.vocab_size, max_context_,
+                                         cache.n_blocks(), cache.block_size(), &slots, &host));
+  const PagedBatch pb = s.batch.upload_paged(batch, host, slots);
+  ensure_scratch(n);
+  float* x = s.x.get();
+  // e [n, hidden] = enorm(embedding), zero at position 0 (vLLM's deepseek_mtp: nothing
+  // precedes it to predict from).
+  DS_RETURN_IF_ERROR(vocab_.embed(*comm_, *embed_, s.batch.tokens(), n, hidden, x));
+  for (int64_t t = 0; t < n; ++t) {
+    if (batch.positions[t] == 0) backend_.fill_zero(x + t * hidden, hidden * sizeof(float));
+  }
+  backend_.rms_norm(x, *mtp_->enorm, c.rms_norm_eps, n, hidden, x);
+  // x = eh_proj([e | h])
+  float* cat = s.mtp_cat.ensure(n * 2 * hidden);
+  backend_.copy_strided(cat, x, {.n0 = n, .len = hidden, .dst_stride0 = 2 * hidden,
+                                 .src_stride0 = hidden});
+  backend_.copy_strided(cat + hidden, prev, {.n0 = n, .len = hidden, .dst_stride0 = 2 * hidden,
+                                             .src_stride0 = hidden});
+  backend_.matmul(*mtp_->eh_proj, nullptr, cat, n, x);
+  // The MTP block: one more decoder layer, its latents in the cache's last layer.
+  const int l = config_.n_layers;
+  DS_RETURN_IF_ERROR(run_layer(l, n, [&](int layer) { attention_paged(layer, n, pb, cache); }));
+  last_forward_rows_ = n;
+  return compute_logits(static_cast<int64_t>(batch.logits_rows.size()), *mtp_->head_norm,
+                        *mtp_->head, logits);
 }
 
 }  // namespace dserve

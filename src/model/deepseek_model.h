@@ -27,8 +27,8 @@
 // (mlp.experts.E.gate_proj.weight) or stacked 3-D ones (mlp.experts.gate_proj.weight
 // [E, ...], from GGUF). FP8 (float8_e4m3fn with weight_scale_inv per 128 x 128
 // block) is converted once at load to BF16 in owned buffers.
-// MTP layers (num_nextn_predict_layers, stored as layers n_layers...) stay in the
-// files untouched: loaded, not run.
+// MTP layers (num_nextn_predict_layers, stored as layers n_layers...) stay mapped and
+// unbound unless speculative decoding asks for them (enable_mtp, forward_mtp).
 //
 // Tensor parallel (a Communicator of N > 1 ranks): rank r keeps heads
 // [r H/N, (r+1) H/N) -- their rows of q_proj / q_b_proj and kv_b_proj (so W_UK, W_UV)
@@ -157,6 +157,26 @@ class DeepseekModel {
   MoeStats moe_stats() const;
   void reset_moe_stats();
 
+  // --- Multi-token prediction (DeepSeek-V3's MTP module, as vLLM's deepseek_mtp) ---
+  // Binds the MTP layer (model.layers.<n_layers>: enorm, hnorm, eh_proj, a full MLA +
+  // MoE block, shared_head.norm and shared_head.head, the embedding shared with the
+  // main model). Paged caches made afterwards hold its latents as one more layer.
+  // InvalidArgument without one; Unimplemented under expert parallelism across engines.
+  Status enable_mtp();
+  bool mtp_enabled() const { return mtp_ != nullptr; }
+  // The configuration paged caches are sized for (n_layers + 1 with the MTP layer).
+  DeepseekConfig cache_config() const;
+  // One MTP pass over a ragged batch: token i (the token after position
+  // batch.positions[i] of its sequence) pairs with prev_rows[i], a row of the previous
+  // forward's hidden states: forward_batch's (the main model's output, final-normed
+  // here) when prev_is_target, else the previous forward_mtp's (its block's output).
+  //   x = eh_proj([enorm(embed(token)) | hnorm(h)]); x = block(x) at that position;
+  //   logits = shared_head.head(shared_head.norm(x)) at batch.logits_rows
+  // The block's latents go to the cache's MTP layer at the batch's slots.
+  Status forward_mtp(const ModelBatch& batch, PagedMlaCache& cache,
+                     std::span<const int32_t> prev_rows, bool prev_is_target,
+                     std::vector<float>* logits);
+
  private:
   using Mlp = SwigluWeights;  // down(silu(gate x) * up x): gate, up [inter, hidden], down [hidden, inter]
   struct LayerWeights {
@@ -212,6 +232,18 @@ class DeepseekModel {
     std::vector<float> host_xb, host_expert_out, host_moe_out, slot_out;
     std::vector<int32_t> host_ids;
     std::vector<float> host_weights;
+    // The MTP pass: the previous pass's rows it reads, [e | h] before eh_proj.
+    DeviceArray<int32_t> mtp_rows;             // [n]
+    DeviceArray<float> mtp_prev;               // [n, hidden]
+    DeviceArray<float> mtp_cat;                // [n, 2 hidden]
+  };
+  // The MTP module's own weights; its decoder block is layers_[n_layers].
+  struct MtpWeights {
+    const TensorView* enorm = nullptr;      // [hidden]
+    const TensorView* hnorm = nullptr;      // [hidden]
+    const TensorView* eh_proj = nullptr;    // [hidden, 2 hidden]
+    const TensorView* head_norm = nullptr;  // [hidden] shared_head.norm
+    const TensorView* head = nullptr;       // [vocab, hidden] shared_head.head (or lm_head)
   };
   struct OwnedTensor;
 
@@ -236,6 +268,8 @@ class DeepseekModel {
   // have been taken), replaced by its BF16 conversion; fp8_ and the weight bytes follow.
   void convert_kept_fp8(const TensorView** t, size_t whole_bytes);
   Status bind_mlp(const std::string& prefix, int64_t inter, Mlp* out);
+  // Layer l's weights (model.layers.l.*): attention, norms, dense MLP or MoE.
+  Status bind_layer(int l, LayerWeights* out);
   Status bind_experts(int layer, LayerWeights* w);
   Status build_absorbed(int layer, LayerWeights* w);
   const TensorView* own(TensorView view, std::vector<uint8_t> bytes);
@@ -254,8 +288,16 @@ class DeepseekModel {
   // attend(layer) turns s.xb [n, hidden] into s.att [n, H * v].
   template <typename AttendFn>
   Status run_layers(int64_t n, AttendFn&& attend);
-  // logits [n_out, vocab] (host) from s.x at the uploaded rows.
+  // One decoder layer over s.x [n, hidden] in place.
+  template <typename AttendFn>
+  Status run_layer(int l, int64_t n, AttendFn&& attend);
+  // The activations of a pass over n tokens.
+  void ensure_scratch(int64_t n);
+  // logits [n_out, vocab] (host) from s.x at the uploaded rows (final norm, lm_head;
+  // or the given norm and head).
   Status compute_logits(int64_t n_out, std::vector<float>* logits);
+  Status compute_logits(int64_t n_out, const TensorView& norm, const TensorView& head,
+                        std::vector<float>* logits);
   void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv);
   // The layer's kv_b_proj, built from attn_k_b / attn_v_b when the file has only those.
   const TensorView& expanded_kv_b(int layer);
@@ -307,6 +349,9 @@ class DeepseekModel {
     int64_t n_kept = 0, n_converted = 0;
     size_t kept_bytes = 0, scale_bytes = 0, converted_bytes = 0;
   } fp8_;
+
+  std::unique_ptr<MtpWeights> mtp_;  // enable_mtp()
+  int64_t last_forward_rows_ = 0;     // tokens of the last pass (rows of s.x)
 
   Scratch scratch_;
   MoeStats moe_stats_;        // counted on the host (the expert-parallel exchange)

@@ -20,7 +20,7 @@ PagedMlaCache::PagedMlaCache(Backend& backend, const DeepseekConfig& config, int
       dtype_(dtype),
       backend_(backend) {
   DS_CHECK(n_blocks > 0 && block_size > 0);
-  DS_CHECK_MSG(is_kv_cache_dtype(dtype), "paged MLA cache: dtype must be f32 or f16");
+  DS_CHECK_MSG(is_kv_cache_dtype(dtype), "paged MLA cache: dtype must be f32, f16 or f8_e4m3");
   bytes_ = static_cast<size_t>(n_layers_) * n_slots() * row_bytes();
   for (int l = 0; l < n_layers_; ++l) layers_.push_back(backend_.alloc(bytes_ / n_layers_));
   // Touch every page now, at start-up, as a GPU engine's cache is resident from the

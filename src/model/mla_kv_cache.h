@@ -81,6 +81,7 @@ class PagedMlaCache final : public PagedCache {
   void copy_block(int src, int dst, int n_tokens) override;
 
   int row_dim() const { return row_dim_; }
+  int n_layers() const { return n_layers_; }
   // [n_slots, row_dim] elements of dtype()
   void* latent(int layer) { return layers_[layer].data(); }
 

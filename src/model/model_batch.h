@@ -68,10 +68,15 @@ class DeviceBatch {
 };
 
 // The element types a paged KV cache can hold (Backend::kv_store and paged_attention
-// read and write them): F32, or F16 for half the memory traffic and twice the tokens.
-inline bool is_kv_cache_dtype(DType t) { return t == DType::kF32 || t == DType::kF16; }
-// Bytes of one element of a KV cache dtype (F32 or F16).
-inline size_t kv_elem_bytes(DType t) { return t == DType::kF16 ? 2 : 4; }
+// read and write them): F32; F16 for half the memory traffic and twice the tokens; or
+// F8_E4M3 (float8_e4m3fn, saturating at +-448, no scale) for a quarter.
+inline bool is_kv_cache_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kF8_E4M3;
+}
+// Bytes of one element of a KV cache dtype.
+inline size_t kv_elem_bytes(DType t) {
+  return t == DType::kF16 ? 2 : t == DType::kF8_E4M3 ? 1 : 4;
+}
 
 // A model's paged KV store (per-layer pools of n_blocks * block_size token slots).
 class PagedCache {

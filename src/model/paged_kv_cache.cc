@@ -12,7 +12,7 @@ PagedKvCache::PagedKvCache(Backend& backend, const ModelConfig& config, int n_bl
       dtype_(dtype),
       backend_(backend) {
   DS_CHECK(n_blocks > 0 && block_size > 0);
-  DS_CHECK_MSG(is_kv_cache_dtype(dtype), "paged KV cache: dtype must be f32 or f16");
+  DS_CHECK_MSG(is_kv_cache_dtype(dtype), "paged KV cache: dtype must be f32, f16 or f8_e4m3");
   bytes_ = static_cast<size_t>(n_layers_) * 2 * n_slots() * row_bytes();
   for (int l = 0; l < n_layers_; ++l) layers_.push_back(backend_.alloc(bytes_ / n_layers_));
   // Touch every page now, at start-up, as a GPU engine's cache is resident from the

@@ -21,6 +21,8 @@ enum class Op : int32_t {
   kForwardBatch,  // id, payload: tokens, positions, seq_of_token, block_tables, logits_rows (int32);
                   //     then block_table_offsets (int64)
   kForwardIdle,   // (no arguments) this engine's part of the expert-parallel exchanges, no tokens
+  kEnableMtp,     // (no arguments)
+  kForwardMtp,    // id, a = prev_is_target, payload: as kForwardBatch, then prev_rows (int32)
 };
 
 // One call as broadcast from rank 0: a fixed header, then `payload_bytes` of arrays.
@@ -28,7 +30,7 @@ struct CallHeader {
   int32_t op = 0;
   int32_t id = 0;
   int64_t a = 0, b = 0, c = 0;
-  int64_t lengths[6] = {};  // element counts of the payload's arrays, in order
+  int64_t lengths[7] = {};  // element counts of the payload's arrays, in order
   int64_t payload_bytes = 0;
 };
 
@@ -169,14 +171,37 @@ class TpDriver final : public CausalLm {
     h.op = static_cast<int32_t>(Op::kForwardBatch);
     h.id = c.id();
     Payload p;
-    p.add(batch.tokens, &h.lengths[0]);
-    p.add(batch.positions, &h.lengths[1]);
-    p.add(batch.seq_of_token, &h.lengths[2]);
-    p.add(batch.block_tables, &h.lengths[3]);
-    p.add(batch.logits_rows, &h.lengths[4]);
-    p.add(batch.block_table_offsets, &h.lengths[5]);
+    add_batch(batch, &p, &h);
     DS_RETURN_IF_ERROR(send(h, &p));
     return named(local_->forward_batch(batch, c.local(), logits));
+  }
+  static void add_batch(const ModelBatch& batch, Payload* p, CallHeader* h) {
+    p->add(batch.tokens, &h->lengths[0]);
+    p->add(batch.positions, &h->lengths[1]);
+    p->add(batch.seq_of_token, &h->lengths[2]);
+    p->add(batch.block_tables, &h->lengths[3]);
+    p->add(batch.logits_rows, &h->lengths[4]);
+    p->add(batch.block_table_offsets, &h->lengths[5]);
+  }
+  bool has_mtp_layer() const override { return local_->has_mtp_layer(); }
+  Status enable_mtp() override {
+    CallHeader h;
+    h.op = static_cast<int32_t>(Op::kEnableMtp);
+    DS_RETURN_IF_ERROR(send(h, nullptr));
+    return named(local_->enable_mtp());
+  }
+  Status forward_mtp(const ModelBatch& batch, PagedCache& cache, std::span<const int32_t> prev_rows,
+                     bool prev_is_target, std::vector<float>* logits) override {
+    auto& c = static_cast<TpPagedCache&>(cache);
+    CallHeader h;
+    h.op = static_cast<int32_t>(Op::kForwardMtp);
+    h.id = c.id();
+    h.a = prev_is_target ? 1 : 0;
+    Payload p;
+    add_batch(batch, &p, &h);
+    p.add(prev_rows, &h.lengths[6]);
+    DS_RETURN_IF_ERROR(send(h, &p));
+    return named(local_->forward_mtp(batch, c.local(), prev_rows, prev_is_target, logits));
   }
   Status forward_idle() override {
     CallHeader h;
@@ -310,7 +335,8 @@ Status run_tp_worker(CausalLm& local, dist::Communicator& comm) {
         it->second->copy_block(static_cast<int>(h.a), static_cast<int>(h.b), static_cast<int>(h.c));
         break;
       }
-      case Op::kForwardBatch: {
+      case Op::kForwardBatch:
+      case Op::kForwardMtp: {
         auto it = paged.find(h.id);
         if (it == paged.end()) return missing(h.id);
         ModelBatch batch;
@@ -320,9 +346,18 @@ Status run_tp_worker(CausalLm& local, dist::Communicator& comm) {
         DS_ASSIGN_OR_RETURN(batch.block_tables, in.next<int32_t>(h.lengths[3]));
         DS_ASSIGN_OR_RETURN(batch.logits_rows, in.next<int32_t>(h.lengths[4]));
         DS_ASSIGN_OR_RETURN(batch.block_table_offsets, in.next<int64_t>(h.lengths[5]));
-        DS_RETURN_IF_ERROR(survivable(local.forward_batch(batch, *it->second, &logits)));
+        if (static_cast<Op>(h.op) == Op::kForwardBatch) {
+          DS_RETURN_IF_ERROR(survivable(local.forward_batch(batch, *it->second, &logits)));
+        } else {
+          DS_ASSIGN_OR_RETURN(auto prev_rows, in.next<int32_t>(h.lengths[6]));
+          DS_RETURN_IF_ERROR(survivable(
+              local.forward_mtp(batch, *it->second, prev_rows, h.a != 0, &logits)));
+        }
         break;
       }
+      case Op::kEnableMtp:
+        DS_RETURN_IF_ERROR(local.enable_mtp());
+        break;
       case Op::kForwardIdle:
         DS_RETURN_IF_ERROR(survivable(local.forward_idle()));
         break;

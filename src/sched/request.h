@@ -80,6 +80,9 @@ struct Request {
   Request* fork_parent = nullptr;
   // Forked into the batch: the next plan announces it as new, with its whole block table.
   bool announce_table = false;
+  // Speculative decoding: guesses at the tokens after the last known one, verified by
+  // the next step that schedules this request (then dropped, accepted or not).
+  std::vector<int32_t> draft_tokens;
 };
 
 }  // namespace dserve::sched

@@ -16,6 +16,7 @@ Status SchedulerConfig::validate() const {
     return invalid_argument("max_num_seqs must be >= 1, got " + std::to_string(max_num_seqs));
   if (max_model_len < 2)
     return invalid_argument("max_model_len must be >= 2, got " + std::to_string(max_model_len));
+  if (lookahead_slots < 0) return invalid_argument("lookahead_slots must be >= 0");
   return Status::Ok();
 }
 
@@ -150,11 +151,29 @@ Status Scheduler::finish_request(RequestId id, FinishReason reason) {
   return Status::Ok();
 }
 
+void Scheduler::set_draft_tokens(RequestId id, std::vector<int32_t> drafts) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->state != RequestState::kRunning) return;
+  it->second->draft_tokens = std::move(drafts);
+}
+
+int Scheduler::n_drafts_to_run(const Request& r, int budget) const {
+  // The last draft's position must stay below max_model_len - 1 (the last token of a
+  // max_model_len-long request is never fed back), and the drafts plus the token the
+  // step adds must not pass max_tokens.
+  const int64_t by_len = int64_t{config_.max_model_len} - 1 - r.n_tokens();
+  const int64_t by_tokens = int64_t{r.spec.max_tokens} - r.n_output_tokens() - 1;
+  const int64_t n = std::min({static_cast<int64_t>(r.draft_tokens.size()), int64_t{budget},
+                              by_len, by_tokens});
+  return static_cast<int>(std::max<int64_t>(n, 0));
+}
+
 void Scheduler::preempt_newest(SchedulerOutput& out) {
   DS_CHECK(!running_.empty());
   Request* victim = running_.back();
   running_.pop_back();
   kv_.free(victim->spec.id);
+  victim->draft_tokens.clear();
   victim->n_computed_tokens = 0;
   victim->state = RequestState::kPreempted;
   victim->announce_table = false;  // a fork preempted before it ran resumes like any other
@@ -173,7 +192,8 @@ SchedulerOutput Scheduler::schedule() {
   finished_since_last_step_.clear();
   int budget = config_.max_num_batched_tokens;
 
-  auto emit = [&](Request& r, int n_new, size_t n_blocks_before, bool is_new, bool is_resumed) {
+  auto emit = [&](Request& r, int n_new, int n_drafts, size_t n_blocks_before, bool is_new,
+                  bool is_resumed) {
     if (r.announce_table) {  // forked in the last update: the runner has not seen it
       r.announce_table = false;
       is_new = true;
@@ -188,10 +208,12 @@ SchedulerOutput Scheduler::schedule() {
     s.is_new = is_new;
     s.is_resumed = is_resumed;
     s.sample = s.start_pos + n_new == r.n_tokens();
+    s.draft_token_ids.assign(r.draft_tokens.begin(), r.draft_tokens.begin() + n_drafts);
+    r.draft_tokens.clear();
     std::span<const kvcache::BlockId> table = kv_.block_table(r.spec.id);
     s.new_block_ids.assign(table.begin() + n_blocks_before, table.end());
-    out.n_scheduled_tokens += n_new;
-    budget -= n_new;
+    out.n_scheduled_tokens += n_new + n_drafts;
+    budget -= n_new + n_drafts;
     out.requests.push_back(std::move(s));
   };
 
@@ -201,15 +223,23 @@ SchedulerOutput Scheduler::schedule() {
     Request& r = *running_[i];
     const int n_new = std::min(r.n_tokens() - r.n_computed_tokens, budget);
     DS_CHECK(n_new > 0);
+    const bool reaches_end = r.n_computed_tokens + n_new == r.n_tokens();
+    int n_drafts = reaches_end ? n_drafts_to_run(r, budget - n_new) : 0;
+    int n_ahead = reaches_end ? config_.lookahead_slots : 0;
     const size_t n_before = kv_.block_table(r.spec.id).size();
     bool preempted_self = false;
-    while (!kv_.allocate_slots(r.spec.id, r.tokens(), r.n_computed_tokens, n_new)) {
+    while (!kv_.allocate_slots(r.spec.id, r.tokens(), r.n_computed_tokens, n_new, nullptr,
+                               n_drafts + n_ahead)) {
+      if (n_drafts + n_ahead > 0) {  // drafts are a bet: drop them before preempting anyone
+        n_drafts = n_ahead = 0;
+        continue;
+      }
       preempted_self = running_.back() == &r;
       preempt_newest(out);
       if (preempted_self) break;
     }
     if (preempted_self) break;  // r was the newest: nothing after it remains
-    emit(r, n_new, n_before, /*is_new=*/false, /*is_resumed=*/false);
+    emit(r, n_new, n_drafts, n_before, /*is_new=*/false, /*is_resumed=*/false);
     ++i;
   }
 
@@ -229,7 +259,7 @@ SchedulerOutput Scheduler::schedule() {
       r.state = RequestState::kRunning;
       r.n_computed_tokens = hit.n_tokens;  // the cached prefix counts as computed
       running_.push_back(&r);
-      emit(r, n_new, 0, !resumed, resumed);
+      emit(r, n_new, /*n_drafts=*/0, 0, !resumed, resumed);
     }
   }
 
@@ -244,8 +274,15 @@ SchedulerOutput Scheduler::schedule() {
 
 std::vector<RequestOutput> Scheduler::update_from_output(const SchedulerOutput& output,
                                                          std::span<const int32_t> sampled) {
+  std::vector<std::vector<int32_t>> emitted(sampled.size());
+  for (size_t i = 0; i < sampled.size(); ++i) emitted[i].push_back(sampled[i]);
+  return update_from_output(output, emitted);
+}
+
+std::vector<RequestOutput> Scheduler::update_from_output(
+    const SchedulerOutput& output, std::span<const std::vector<int32_t>> emitted) {
   DS_CHECK_MSG(step_in_flight_, "update_from_output() without schedule()");
-  DS_CHECK(sampled.size() == output.requests.size());
+  DS_CHECK(emitted.size() == output.requests.size());
   step_in_flight_ = false;
   std::vector<RequestOutput> outs;
   for (size_t i = 0; i < output.requests.size(); ++i) {
@@ -258,11 +295,23 @@ std::vector<RequestOutput> Scheduler::update_from_output(const SchedulerOutput& 
     r.n_computed_tokens += s.n_tokens;
     if (!s.sample || pending_finish_.count(s.id) != 0) continue;
     DS_CHECK(r.n_computed_tokens == r.n_tokens());
+    const std::vector<int32_t>& tokens = emitted[i];
+    DS_CHECK(!tokens.empty() && tokens.size() <= s.draft_token_ids.size() + 1);
     if (!r.pending_forks.empty()) release_forks(r, /*share=*/true);  // the prompt is computed
-    r.all_tokens.push_back(sampled[i]);
-    RequestOutput o{s.id, sampled[i], r.stop_reason(config_.max_model_len)};
-    if (o.finish_reason) finish(r);
-    outs.push_back(o);
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      // Every token before the last is an accepted draft: its keys and values are in.
+      if (k > 0) {
+        DS_CHECK(tokens[k - 1] == s.draft_token_ids[k - 1]);
+        ++r.n_computed_tokens;
+      }
+      r.all_tokens.push_back(tokens[k]);
+      RequestOutput o{s.id, tokens[k], r.stop_reason(config_.max_model_len)};
+      outs.push_back(o);
+      if (o.finish_reason) {
+        finish(r);
+        break;
+      }
+    }
   }
   for (const auto& [id, reason] : pending_finish_) {
     auto it = requests_.find(id);

@@ -20,6 +20,13 @@
 // forward, sampled tokens are appended, stop conditions finish requests. A step must be
 // applied before the next schedule() (checked).
 //
+// Speculative decoding: set_draft_tokens() gives a decoding request guesses at its next
+// tokens; the next schedule() runs them after its last known token when the budget,
+// max_model_len, max_tokens and the cache allow (as many as fit, or none), and
+// update_from_output() applies as many tokens as the runner emits, each checked for
+// stop conditions in turn (a stop mid-way drops the rest). n_computed_tokens moves past
+// the accepted drafts only: a rejected draft's slot is simply written again later.
+//
 // n > 1 (RequestSpec::fork_ids): the extra sequences wait (kForkPending) until the
 // parent's prompt is computed; update_from_output() then forks them into the batch over
 // the parent's prompt blocks (full blocks shared, the partial one copied: the plan's
@@ -52,6 +59,10 @@ struct SchedulerConfig {
   int max_num_batched_tokens = 2048;  // token budget per step (decodes + prefill chunks)
   int max_num_seqs = 256;             // running requests at most
   int max_model_len = 4096;           // prompt + generated tokens at most
+  // Cache slots a decoding request gets beyond its drafts, for a proposer that writes
+  // ahead of them (MTP's chained drafts: N - 1); dropped, with the drafts, when the
+  // cache is short.
+  int lookahead_slots = 0;
 
   // InvalidArgument for values < 1 (max_model_len < 2).
   Status validate() const;
@@ -84,10 +95,18 @@ class Scheduler {
   Status finish_request(RequestId id, FinishReason reason);
   Status abort_request(RequestId id) { return finish_request(id, FinishReason::kAbort); }
 
+  // Drafts for a running request's next step (replacing any it had). Ignored for an
+  // unknown request or one that is not running.
+  void set_draft_tokens(RequestId id, std::vector<int32_t> drafts);
+
   // Plans the next step (see the header comment).
   [[nodiscard]] SchedulerOutput schedule();
-  // Applies a planned step: sampled[i] is the token sampled for output.requests[i]
-  // (ignored where !sample). Returns one RequestOutput per sampled token.
+  // Applies a planned step: emitted[i] are the tokens the step produced for
+  // output.requests[i] (ignored where !sample): the accepted drafts, in order, then one
+  // more. Returns one RequestOutput per token applied.
+  std::vector<RequestOutput> update_from_output(const SchedulerOutput& output,
+                                                std::span<const std::vector<int32_t>> emitted);
+  // Without drafts: sampled[i] is the one token sampled for output.requests[i].
   std::vector<RequestOutput> update_from_output(const SchedulerOutput& output,
                                                 std::span<const int32_t> sampled);
 
@@ -112,6 +131,9 @@ class Scheduler {
   void release_forks(Request& parent, bool share);
   // Blocks a request needs at its longest: every token but the last sampled one.
   int64_t max_kv_tokens(const RequestSpec& spec) const;
+  // How many of r's drafts a step reaching its last known token may run, given `budget`
+  // tokens left after the known ones.
+  int n_drafts_to_run(const Request& r, int budget) const;
 
   SchedulerConfig config_;
   kvcache::KvCacheManager kv_;

@@ -16,6 +16,12 @@
 //     position) and pass them, aligned with `requests`, to
 //     Scheduler::update_from_output().
 //
+// Speculative decoding: a request may come with draft_token_ids, run at the positions
+// right after its n_tokens (their slots are allocated; prefix caching hashes none of
+// them). The runner samples the last known position and each draft position in turn,
+// and hands back the tokens it emits: every draft it accepted, then one more token
+// (the correction at the first rejected draft, or the bonus after the last).
+//
 // Thread-safety: plain values.
 #pragma once
 
@@ -37,17 +43,20 @@ struct ScheduledRequest {
   bool is_resumed = false;         // scheduled again after a preemption; recomputes from start_pos
   bool sample = false;             // the step reaches the last known token: sample the next one
   std::vector<kvcache::BlockId> new_block_ids;  // appended to the request's block table
+  // Drafts to verify (only with `sample`): tokens at positions start_pos + n_tokens, ...
+  std::vector<int32_t> draft_token_ids;
 };
 
 struct SchedulerOutput {
   std::vector<ScheduledRequest> requests;     // running first (oldest first), then newly admitted
-  int n_scheduled_tokens = 0;                 // sum of requests[i].n_tokens
+  int n_scheduled_tokens = 0;                 // sum of n_tokens and draft tokens
   std::vector<kvcache::RequestId> preempted;  // this step; not in `requests`
   std::vector<kvcache::RequestId> finished;   // since the previous step (incl. aborted)
   std::vector<kvcache::BlockCopy> block_copies;  // to perform before the forward pass
 };
 
-// One sampled token as applied by update_from_output().
+// One emitted token as applied by update_from_output(): a request that verified drafts
+// gets one per token it kept, in order.
 struct RequestOutput {
   kvcache::RequestId id = 0;
   int32_t token = 0;

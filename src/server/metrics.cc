@@ -162,6 +162,21 @@ std::string ServerMetrics::render() const {
           [](const Engine& e) { return e.stats.n_prefix_hit_tokens; });
   counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
           [](const Engine& e) { return e.stats.n_preemptions; });
+  counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+          [](const Engine& e) { return e.stats.spec.n_drafts; });
+  counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+          [](const Engine& e) { return e.stats.spec.n_draft_tokens; });
+  counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+          [](const Engine& e) { return e.stats.spec.n_accepted_tokens; });
+  header(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Accepted tokens per draft position.");
+  for (const auto& e : engines_) {
+    const std::vector<int64_t>& per_pos = e->stats.spec.n_accepted_per_pos;
+    for (size_t i = 0; i < per_pos.size(); ++i) {
+      out += fmt::format("vllm:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n",
+                         e->labels, i, per_pos[i]);
+    }
+  }
   counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
           [](const Engine& e) { return e.prompt_tokens; });
   counter("vllm:generation_tokens", "Number of generation tokens processed.",
@@ -200,6 +215,29 @@ std::string ServerMetrics::render() const {
                        rejection_name(r), n_rejected_[static_cast<int>(r)].load());
   }
   return out;
+}
+
+ServerMetrics::Totals ServerMetrics::totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Totals t;
+  for (const auto& e : engines_) {
+    const EngineStats& s = e->stats;
+    t.prompt_tokens += e->prompt_tokens;
+    t.generation_tokens += e->generation_tokens;
+    t.prefix_queried_tokens += s.n_prefix_queried_tokens;
+    t.prefix_hit_tokens += s.n_prefix_hit_tokens;
+    t.running += s.n_running;
+    t.waiting += s.n_waiting;
+    t.blocks += s.n_blocks;
+    t.free_blocks += s.n_free_blocks;
+    t.spec.n_drafts += s.spec.n_drafts;
+    t.spec.n_draft_tokens += s.spec.n_draft_tokens;
+    t.spec.n_accepted_tokens += s.spec.n_accepted_tokens;
+    std::vector<int64_t>& pos = t.spec.n_accepted_per_pos;
+    if (pos.size() < s.spec.n_accepted_per_pos.size()) pos.resize(s.spec.n_accepted_per_pos.size());
+    for (size_t i = 0; i < s.spec.n_accepted_per_pos.size(); ++i) pos[i] += s.spec.n_accepted_per_pos[i];
+  }
+  return t;
 }
 
 void ServerMetrics::count_rejected(Rejection why) { ++n_rejected_[static_cast<int>(why)]; }

@@ -3,6 +3,9 @@
 //   gauges     vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
 //   counters   vllm:prompt_tokens, vllm:generation_tokens, vllm:num_preemptions,
 //              vllm:prefix_cache_queries, vllm:prefix_cache_hits,
+//              vllm:spec_decode_num_drafts, vllm:spec_decode_num_draft_tokens,
+//              vllm:spec_decode_num_accepted_tokens,
+//              vllm:spec_decode_num_accepted_tokens_per_pos (label position),
 //              vllm:request_success{finished_reason="stop"|"length"|"abort"|"error"}
 //   histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
 //              vllm:e2e_request_latency_seconds
@@ -67,6 +70,16 @@ class ServerMetrics {
 
   // The exposition text served at GET /metrics.
   std::string render() const;
+
+  // Every engine's figures added up (the periodic log line's source).
+  struct Totals {
+    int64_t prompt_tokens = 0, generation_tokens = 0;
+    int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;
+    int running = 0, waiting = 0;
+    int64_t blocks = 0, free_blocks = 0;
+    SpecDecodeStats spec;
+  };
+  Totals totals() const;
 
  private:
   class Engine;

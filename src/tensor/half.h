@@ -23,6 +23,33 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// float -> float8_e4m3fn, rounding to nearest even and saturating at +-448 (the FP8 KV
+// cache, as vLLM's saturating conversion); NaN stays NaN.
+inline uint8_t f32_to_fp8_e4m3(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7f;  // NaN
+  if (abs >= 0x43e00000u) return sign | 0x7e;  // >= 448 (and infinity): the largest finite
+  if (abs < 0x3c800000u) {
+    // Below 2^-6: subnormal steps of 2^-9; round |f| * 512 to the nearest even integer.
+    float a;
+    std::memcpy(&a, &abs, 4);
+    const float scaled = a * 512.0f;  // exact: a power of two
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float rest = scaled - static_cast<float>(m);
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return sign | static_cast<uint8_t>(m);  // m == 8 is the smallest normal, 0.0001.000
+  }
+  // Normal: keep 3 mantissa bits of the float's 23, rounding to nearest even.
+  uint32_t r = abs + 0x7ffffu + ((abs >> 20) & 1u);
+  const uint32_t exp = (r >> 23) - 120u;  // rebias 127 -> 7
+  const uint32_t mant = (r >> 20) & 0x7u;
+  if (exp > 15 || (exp == 15 && mant == 7)) return sign | 0x7e;  // rounded past 448
+  return sign | static_cast<uint8_t>((exp << 3) | mant);
+}
+
 // float8_e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities,
 // S.1111.111 is NaN.
 inline float fp8_e4m3_to_f32(uint8_t v) {

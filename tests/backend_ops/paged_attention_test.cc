@@ -90,6 +90,7 @@ struct PagedCase {
   std::vector<int64_t> offsets;                  // [n_seqs + 1]
   std::vector<float> k_pool, v_pool;             // [n_slots, row]
   std::vector<uint16_t> k_pool16, v_pool16;      // the same as halves (f16 cases only)
+  std::vector<uint8_t> k_pool8, v_pool8;         // the same as float8_e4m3fn (with_f8)
   std::vector<std::vector<float>> k_seq, v_seq;  // per sequence [n_ctx, row]
   std::vector<std::vector<int64_t>> slots;       // per sequence [n_ctx]
   std::vector<int32_t> seq_of_token, positions;  // [n_tokens]
@@ -122,9 +123,13 @@ struct PagedCase {
     batch.block_tables = flat_tables.data();
     batch.block_table_offsets = offsets.data();
     batch.block_size = sh.block_size;
-    const bool f16 = kv_dtype == DType::kF16;
-    const void* k = f16 ? static_cast<const void*>(k_pool16.data()) : k_pool.data();
-    const void* v = f16 ? static_cast<const void*>(v_pool16.data()) : v_pool.data();
+    const bool f16 = kv_dtype == DType::kF16, f8 = kv_dtype == DType::kF8_E4M3;
+    const void* k = f16  ? static_cast<const void*>(k_pool16.data())
+                    : f8 ? static_cast<const void*>(k_pool8.data())
+                         : k_pool.data();
+    const void* v = f16  ? static_cast<const void*>(v_pool16.data())
+                    : f8 ? static_cast<const void*>(v_pool8.data())
+                         : v_pool.data();
     if (sh.latent) v = k;  // the same pool for MLA
     backend.paged_attention(sub_q.data(), kv_dtype, k, v, out.data(), batch, sh.n_heads,
                             sh.n_kv_heads, sh.head_dim, sh.v_dim, scale);
@@ -384,7 +389,7 @@ TEST_P(PagedAttentionTest, EmptyBatchIsANoOp) {
   PagedBatch batch;
   const int64_t offsets[1] = {0};
   batch.block_table_offsets = offsets;
-  for (DType t : {DType::kF32, DType::kF16}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kF8_E4M3}) {
     backend_->paged_attention(nullptr, t, nullptr, nullptr, nullptr, batch, 4, 2, 64, 64, 0.125f);
     backend_->kv_store(t, nullptr, 64, nullptr, nullptr, 0);
     backend_->kv_gather(t, nullptr, 64, nullptr, 0, nullptr);
@@ -492,6 +497,92 @@ TEST_P(PagedAttentionTest, F16PoolEqualsF32PoolOfTheSameValues) {
       ASSERT_EQ(k, c.k_seq[s]);
     }
   }
+}
+
+// A case's values rounded to float8_e4m3fn in its F32 pools and sequences, and the
+// same stored with kv_store into F8 pools (NaN bytes where nothing was stored).
+void with_f8(Backend& backend, PagedCase* c) {
+  auto round = [](std::vector<float>& v) {
+    for (float& x : v) {
+      if (!std::isnan(x)) x = fp8_e4m3_to_f32(f32_to_fp8_e4m3(x));
+    }
+  };
+  round(c->k_pool);
+  round(c->v_pool);
+  c->k_pool8.assign(c->k_pool.size(), 0x7f);
+  c->v_pool8.assign(c->v_pool.size(), 0x7f);
+  for (size_t s = 0; s < c->seqs.size(); ++s) {
+    round(c->k_seq[s]);
+    round(c->v_seq[s]);
+    const int64_t n = c->seqs[s].n_ctx;
+    backend.kv_store(DType::kF8_E4M3, c->k_pool8.data(), c->k_row, c->k_seq[s].data(),
+                     c->slots[s].data(), n);
+    backend.kv_store(DType::kF8_E4M3, c->v_pool8.data(), c->v_row, c->v_seq[s].data(),
+                     c->slots[s].data(), n);
+  }
+}
+
+// FP8 pools (--kv-cache-dtype fp8): on FP8-representable values the same bits as the
+// F32 pool holding them (every shape, level and thread count); rows gather back
+// exactly.
+TEST_P(PagedAttentionTest, F8PoolEqualsF32PoolOfTheSameValues) {
+  const std::vector<SeqStep> seqs = {{1, 1}, {6, 6}, {40, 1}, {129, 29}, {300, 1}, {1100, 1}};
+  for (const Shape& sh :
+       {Shape{16, 9, 3, 64, 64}, Shape{128, 3, 3, 7, 9}, Shape{16, 16, 1, 576, 576, true},
+        Shape{128, 16, 1, 576, 576, true}, Shape{16, 5, 1, 40, 40, true}}) {
+    SCOPED_TRACE(shape_name(sh));
+    PagedCase c = make_case(*backend_, sh, seqs, rng_);
+    with_f8(*backend_, &c);
+    const std::vector<float> want = c.run(*backend_, {}, DType::kF32);
+    const std::vector<float> got = c.run(*backend_, {}, DType::kF8_E4M3);
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      std::vector<float> k(seqs[s].n_ctx * c.k_row);
+      backend_->kv_gather(DType::kF8_E4M3, c.k_pool8.data(), c.k_row, c.slots[s].data(),
+                          seqs[s].n_ctx, k.data());
+      ASSERT_EQ(k, c.k_seq[s]);
+    }
+  }
+}
+
+// f32_to_fp8_e4m3 against the definition, from the decoder: every code but NaN
+// round-trips; any float goes to the nearest finite code (ties to the even mantissa),
+// saturating at +-448; NaN stays NaN.
+TEST(Fp8KvConversion, RoundsToNearestEvenAndSaturates) {
+  std::vector<float> codes;  // the finite non-negative values, ascending
+  for (int b = 0; b < 0x7f; ++b) {
+    ASSERT_EQ(f32_to_fp8_e4m3(fp8_e4m3_to_f32(static_cast<uint8_t>(b))), b) << b;
+    ASSERT_EQ(f32_to_fp8_e4m3(fp8_e4m3_to_f32(static_cast<uint8_t>(b | 0x80))), b | 0x80) << b;
+    codes.push_back(fp8_e4m3_to_f32(static_cast<uint8_t>(b)));
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mag(-12.0f, 9.5f);
+  for (int i = 0; i < 200000; ++i) {
+    float x = std::exp2(mag(rng));
+    if (i % 7 == 0) {  // an exact midpoint between two codes
+      const size_t j = i % (codes.size() - 1);
+      x = (codes[j] + codes[j + 1]) / 2;
+    }
+    const float got = fp8_e4m3_to_f32(f32_to_fp8_e4m3(x));
+    const size_t hi = std::lower_bound(codes.begin(), codes.end(), x) - codes.begin();
+    float want;
+    if (hi == codes.size()) {
+      want = codes.back();  // beyond 448: saturate
+    } else if (hi == 0 || codes[hi] == x) {
+      want = codes[hi];
+    } else {
+      const float lo_v = codes[hi - 1], hi_v = codes[hi];
+      const float dl = x - lo_v, dh = hi_v - x;
+      want = dl < dh ? lo_v : dh < dl ? hi_v : ((hi - 1) % 2 == 0 ? lo_v : hi_v);
+    }
+    ASSERT_EQ(got, want) << x;
+    ASSERT_EQ(fp8_e4m3_to_f32(f32_to_fp8_e4m3(-x)), -want) << x;
+  }
+  EXPECT_EQ(f32_to_fp8_e4m3(INFINITY), 0x7e);
+  EXPECT_EQ(f32_to_fp8_e4m3(-1e30f), 0xfe);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(f32_to_fp8_e4m3(NAN))));
 }
 
 // The F16 path against attention written as plain loops in double (scores, max,

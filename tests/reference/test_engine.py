@@ -155,9 +155,9 @@ def test_prefix_caching_computes_only_the_suffix(caching, test_tool, default_mod
         assert computed_b == len(b["prompt"]) + b["max_tokens"] - 1
 
 
-@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32", "fp8"])
 def test_tiny_deepseek_v3_batched_equals_alone(kv_dtype, test_tool, tmp_path):
-    """MLA over the paged latent cache (float16 or float32): a tiny random DeepSeek-V3
+    """MLA over the paged latent cache (float16, float32 or fp8): a tiny random DeepSeek-V3
     (the architecture tests' checkpoint), 16 concurrent requests against each alone,
     and the float32 engine against the single-sequence path (expanded prefill,
     absorbed decode)."""

@@ -445,3 +445,34 @@ def test_tensor_parallel_engines(dserve_bin, r1, r1_single, tmp_path):
     finally:
         assert node.reap()
         h.reap()
+
+
+def test_v2_speculative_drafts_in_lockstep(dserve_bin, v2, tmp_path):
+    """Both engines of an expert-parallel group in one process with prompt-lookup
+    drafts: a prompt that repeats a passage (drafts, some accepted) beside one that does
+    not, at once, so that a step verifies drafts on one engine and none on the other;
+    the outputs equal one engine's without speculation."""
+    model_dir, ref = v2
+    passage = ref["prompt"][:12]
+    prompts = [passage * 4, ref["prompt"]]
+    single = serve_single(dserve_bin, model_dir, tmp_path,
+                          lambda port: [complete_ids(port, q, ds.GEN_LEN) for q in prompts])
+    port = dp.free_port()
+    flags = dp.source_flags(dp.free_port_run(2))
+    i = flags.index("--data-parallel-size-local")
+    del flags[i:i + 2]
+    ngram = ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
+             '"prompt_lookup_max": 3}')
+    p = dp.Proc([dserve_bin, "serve", model_dir, "--host", "127.0.0.1", "--port", port, *flags,
+                 *EP, "--speculative-config", ngram], tmp_path / "spec.log")
+    try:
+        dp.wait_healthy(p, port)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            outs = list(pool.map(lambda q: complete_ids(port, q, ds.GEN_LEN), prompts))
+        assert_same(outs, single, "speculative decoding in lockstep")
+        drafts = dp.per_engine(dp.metrics(port), "vllm:spec_decode_num_draft_tokens")
+        assert sum(drafts.values()) > 0, drafts
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, p.log()[-2000:]
+    finally:
+        assert p.reap()

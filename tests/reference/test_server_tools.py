@@ -11,7 +11,8 @@ to write tool calls:
 
 The calls the models write are their templates' own rendering of an assistant turn
 with those calls (transformers' apply_chat_template), so the formats under test are the
-models', not ours. The server must hand them to the official openai SDK as `tool_calls`
+models', not ours. Every scripted case runs twice: as is, and under speculative decoding
+(prompt-lookup drafts), which must not change a call. The server must hand them to the official openai SDK as `tool_calls`
 (names and JSON arguments equal to the calls rendered), streamed and not, with
 finish_reason "tool_calls"; LangChain's bind_tools must receive them; and the next turn,
 with the assistant's calls and the tools' answers, must tokenize exactly as
@@ -120,9 +121,15 @@ def _calls_turn(tok, calls, tools, generation_prompt):
     return full[len(prompt):]
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+# Each case also under speculative decoding (prompt lookup drafts from the tools'
+# definitions in the prompt): the calls must come out the same.
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2})
+
+
+@pytest.fixture(scope="module", params=[(n, spec) for spec in (False, True) for n in CASES],
+                ids=lambda p: p[0] + ("-ngram" if p[1] else ""))
 def case(request, dserve_bin, tmp_path_factory):
-    name = request.param
+    name, spec = request.param
     tok_name, parser, reasoning, before, calls = CASES[name]
     tok_dir = deepseek_dir(cache_dir(), tok_name)
     transformers.logging.set_verbosity_error()
@@ -148,6 +155,8 @@ def case(request, dserve_bin, tmp_path_factory):
     args = ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     if reasoning:
         args += ["--reasoning-parser", "deepseek_r1"]
+    if spec:
+        args += ["--speculative-config", NGRAM]
     log = tmp_path_factory.mktemp(name) / "serve.log"
     with server_util.running(dserve_bin, model, *args, "--served-model-name", name,
                              "--threads", 2, "--kv-cache-memory", 64 << 20, log_path=log) as s:

@@ -224,11 +224,18 @@ inline constexpr int kNumDTypes = 11;  // the DTypes a kernel reads (F32 .. F8_E
 //   s_j = scale * q_i . k_j,   m' = max(m, max_j s_j),   c = exp(m - m'),
 //   l' = l c + sum_j exp(s_j - m'),   acc' = acc c + sum_j exp(s_j - m') v_j.
 // Start with m = -inf, l = 0, acc = 0; the output is acc / l.
-// K and V rows are floats (attn_step_f32) or IEEE halves (attn_step_f16, the F16 KV
-// cache): the F16 step converts each element exactly and then does the F32 step's
-// arithmetic in the same order, so both give the same bits for the same values.
+// K and V rows are floats (attn_step_f32), IEEE halves (attn_step_f16, the F16 KV
+// cache) or float8_e4m3fn (attn_step_f8, the FP8 KV cache): the F16 and F8 steps
+// convert each element exactly and then do the F32 step's arithmetic in the same
+// order, so all give the same bits for the same values.
 // A query's arithmetic depends only on its own inputs, never on n_q or the other
 // queries of the call (the engine's batch invariance rests on it).
+// One element of an FP8 (float8_e4m3fn) KV cache row: a type of its own so that the
+// attention steps' loads convert it.
+struct KvF8 {
+  uint8_t bits;
+};
+
 struct AttnStepArgs {
   const float* const* q;     // [n_q] pointers to query rows [head_dim]
   const int64_t* n_visible;  // [n_q]
@@ -283,6 +290,7 @@ struct KernelTable {
   float (*exp_sub_sum_f32)(float* x, float max, int64_t n);
   void (*attn_step_f32)(const AttnStepArgs& a);  // see AttnStepArgs; float K/V
   void (*attn_step_f16)(const AttnStepArgs& a);  // the same over IEEE-half K/V
+  void (*attn_step_f8)(const AttnStepArgs& a);   // the same over float8_e4m3fn K/V
   // Row conversions for the F16 KV cache: round to nearest even (as f32_to_f16 in
   // tensor/half.h, bit for bit on every level), and back exactly.
   void (*f32_to_f16_row)(const float* x, uint16_t* out, int64_t n);

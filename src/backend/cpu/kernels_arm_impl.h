@@ -758,6 +758,22 @@ inline float32x4_t load_kv4(const float* p) { return vld1q_f32(p); }
 inline float32x4_t load_kv4(const uint16_t* p) { return f16x4_to_f32(p); }
 inline float load_kv1(const float* p) { return *p; }
 inline float load_kv1(const uint16_t* p) { return f16_to_f32_neon(*p); }
+// FP8 rows: e4m3 bytes widened to halves of value / 256 (shifts and masks, as the x86
+// levels do), to floats, times 256 (exact). Reads exactly 4 (or 1) bytes.
+inline float16x4_t kv_f8x4_to_f16(uint32_t four) {
+  const int16x4_t w = vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(four))));
+  const int16x4_t h = vand_s16(vshl_n_s16(w, 7), vdup_n_s16(-0x4080));
+  const uint16x4_t nan = vceq_s16(vand_s16(h, vdup_n_s16(0x3f80)), vdup_n_s16(0x3f80));
+  return vreinterpret_f16_s16(vorr_s16(h, vand_s16(vreinterpret_s16_u16(nan), vdup_n_s16(0x7c00))));
+}
+inline float32x4_t load_kv4(const KvF8* p) {
+  uint32_t four;
+  std::memcpy(&four, p, 4);
+  return vmulq_n_f32(vcvt_f32_f16(kv_f8x4_to_f16(four)), 256.0f);
+}
+inline float load_kv1(const KvF8* p) {
+  return vgetq_lane_f32(vcvt_f32_f16(kv_f8x4_to_f16(p->bits)), 0) * 256.0f;
+}
 
 // q . k over n elements: two FMA chains, a fixed reduction, the tail fused in order.
 template <typename Elem>
@@ -942,6 +958,7 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.exp_sub_sum_f32 = exp_sub_sum_f32_neon;
   t.attn_step_f32 = attn_step_neon<float>;
   t.attn_step_f16 = attn_step_neon<uint16_t>;
+  t.attn_step_f8 = attn_step_neon<KvF8>;
   t.f32_to_f16_row = f32_to_f16_row_neon;
   t.f16_to_f32_row = f16_to_f32_row_neon;
   return t;

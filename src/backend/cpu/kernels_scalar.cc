@@ -319,6 +319,7 @@ float exp_sub_sum_f32(float* x, float max, int64_t n) {
 // A KV row element as float: floats as they are, halves converted exactly.
 inline float kv_load(const float* p, int64_t i) { return p[i]; }
 inline float kv_load(const uint16_t* p, int64_t i) { return f16_to_f32(p[i]); }
+inline float kv_load(const KvF8* p, int64_t i) { return fp8_e4m3_to_f32(p[i].bits); }
 
 // The plain online-softmax step (kernels.h), one query at a time, over K/V rows of
 // Elem (float or IEEE half): the same operations in the same order for both.
@@ -385,6 +386,7 @@ KernelTable make_table() {
   t.exp_sub_sum_f32 = exp_sub_sum_f32;
   t.attn_step_f32 = attn_step<float>;
   t.attn_step_f16 = attn_step<uint16_t>;
+  t.attn_step_f8 = attn_step<KvF8>;
   t.f32_to_f16_row = f32_to_f16_row;
   t.f16_to_f32_row = f16_to_f32_row;
   return t;

@@ -828,6 +828,33 @@ inline VecF::T load_kv(const float* p) { return VecF::load(p); }
 inline VecF::T load_kv(const uint16_t* p) { return VecF::load_f16(p); }
 inline float load_kv1(const float* p) { return *p; }
 inline float load_kv1(const uint16_t* p) { return _cvtsh_ss(*p); }
+// FP8 rows: e4m3 bytes widened to IEEE halves of value / 256 by shifts and masks (a
+// half has 10 mantissa bits and 5 exponent bits, so every e4m3 value fits, the 2^8
+// folded into the bias), then to floats, times 256 (exact). S.1111.111 (NaN) becomes a
+// half NaN. Loads read exactly the vector's width of bytes.
+inline __m128i kv_f8_to_f16(__m128i bytes) {
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7),
+                                  _mm_set1_epi16(-0x4080));
+  const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x3f80)),
+                                      _mm_set1_epi16(0x3f80));
+  return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
+}
+#if defined(__AVX512F__)
+inline VecF::T load_kv(const KvF8* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i h = _mm256_set_m128i(kv_f8_to_f16(_mm_srli_si128(raw, 8)), kv_f8_to_f16(raw));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+}
+#else
+inline VecF::T load_kv(const KvF8* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_mul_ps(_mm256_cvtph_ps(kv_f8_to_f16(raw)), _mm256_set1_ps(256.0f));
+}
+#endif
+inline float load_kv1(const KvF8* p) {
+  return _cvtsh_ss(static_cast<uint16_t>(_mm_extract_epi16(kv_f8_to_f16(_mm_cvtsi32_si128(p->bits)), 0))) *
+         256.0f;
+}
 // a * b + c rounded once. The scalar tails below spell out their fused multiply-adds:
 // left to contraction, the compiler may fuse a different product of a sum in the
 // float and the half instantiation, and the two would round differently.
@@ -1047,6 +1074,7 @@ KernelTable make_x86_table(CpuIsa isa) {
   t.exp_sub_sum_f32 = exp_sub_sum_f32_x86;
   t.attn_step_f32 = attn_step_x86<float>;
   t.attn_step_f16 = attn_step_x86<uint16_t>;
+  t.attn_step_f8 = attn_step_x86<KvF8>;
   t.f32_to_f16_row = f32_to_f16_row_x86;
   t.f16_to_f32_row = f16_to_f32_row_x86;
   return t;

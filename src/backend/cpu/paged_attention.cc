@@ -29,6 +29,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/check.h"
+#include "tensor/half.h"
 
 namespace dserve::cpu {
 namespace {
@@ -66,10 +67,11 @@ inline void prefetch_rows(const char* p, int64_t stride, int64_t len, int64_t n)
 
 // Bytes of one pool element; CHECKs that the backend reads this KV dtype.
 int64_t kv_elem_bytes(DType kv_dtype) {
-  DS_CHECK_MSG(kv_dtype == DType::kF32 || kv_dtype == DType::kF16,
-               "paged KV cache of %s: only f32 and f16 are supported",
+  DS_CHECK_MSG(kv_dtype == DType::kF32 || kv_dtype == DType::kF16 ||
+                   kv_dtype == DType::kF8_E4M3,
+               "paged KV cache of %s: only f32, f16 and f8_e4m3 are supported",
                std::string(dtype_name(kv_dtype)).c_str());
-  return kv_dtype == DType::kF32 ? 4 : 2;
+  return kv_dtype == DType::kF32 ? 4 : kv_dtype == DType::kF16 ? 2 : 1;
 }
 
 // Online-softmax state of up to kMaxQueries queries, in one float array:
@@ -147,6 +149,9 @@ void CpuBackend::kv_store(DType kv_dtype, void* pool, int64_t row, const float* 
       char* dst = base + slots[i] * row * elem;
       if (kv_dtype == DType::kF16) {
         kernels_.f32_to_f16_row(x + i * row, reinterpret_cast<uint16_t*>(dst), row);
+      } else if (kv_dtype == DType::kF8_E4M3) {
+        uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+        for (int64_t e = 0; e < row; ++e) out[e] = f32_to_fp8_e4m3(x[i * row + e]);
       } else {
         std::memcpy(dst, x + i * row, static_cast<size_t>(row) * sizeof(float));
       }
@@ -171,6 +176,9 @@ void CpuBackend::kv_gather(DType kv_dtype, const void* pool, int64_t row, const 
       const char* src = base + slots[i] * row * elem;
       if (kv_dtype == DType::kF16) {
         kernels_.f16_to_f32_row(reinterpret_cast<const uint16_t*>(src), out + i * row, row);
+      } else if (kv_dtype == DType::kF8_E4M3) {
+        const uint8_t* in = reinterpret_cast<const uint8_t*>(src);
+        for (int64_t e = 0; e < row; ++e) out[i * row + e] = fp8_e4m3_to_f32(in[e]);
       } else {
         std::memcpy(out + i * row, src, static_cast<size_t>(row) * sizeof(float));
       }
@@ -342,7 +350,9 @@ void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_p
       .v_pool = static_cast<const char*>(v_pool),
       .out = out,
       .batch = batch,
-      .attn_step = kv_dtype == DType::kF16 ? kernels_.attn_step_f16 : kernels_.attn_step_f32,
+      .attn_step = kv_dtype == DType::kF16     ? kernels_.attn_step_f16
+                   : kv_dtype == DType::kF8_E4M3 ? kernels_.attn_step_f8
+                                                 : kernels_.attn_step_f32,
       .elem = elem,
       .n_heads = n_heads,
       .n_kv_heads = n_kv_heads,

@@ -42,7 +42,9 @@ Collected collect(OutputQueue& q, int n) {
   return c;
 }
 
-TEST(AsyncLlm, ConcurrentClientsMatchTheOfflineEngine) {
+// The offline engine (plain decoding) is the reference; `serving` configures the
+// AsyncLlm under test.
+void check_concurrent_clients(const LlmOptions& serving) {
   set_log_level("warning");
   const std::string dir = write_tiny_llama();
   constexpr int kThreads = 6, kPerThread = 5;
@@ -54,7 +56,7 @@ TEST(AsyncLlm, ConcurrentClientsMatchTheOfflineEngine) {
   auto want = (*offline)->generate(prompts, greedy(8));
   ASSERT_TRUE(want.ok()) << want.status().message();
 
-  auto llm = LLM::create(dir, test::small_engine_options());
+  auto llm = LLM::create(dir, serving);
   ASSERT_TRUE(llm.ok());
   auto async = AsyncLlm::create(std::move(*llm));
   ASSERT_TRUE(async.ok());
@@ -125,6 +127,19 @@ TEST(AsyncLlm, ConcurrentClientsMatchTheOfflineEngine) {
   EXPECT_EQ(a.add_request(prompt_of(2), greedy(4), q, 0).status().code(),
             StatusCode::kResourceExhausted);
   // The destructor (at scope end) aborts the long-running request and joins.
+}
+
+TEST(AsyncLlm, ConcurrentClientsMatchTheOfflineEngine) {
+  check_concurrent_clients(test::small_engine_options());
+}
+
+// The same with prompt-lookup drafts verified in every step (the tiny model's greedy
+// outputs repeat themselves, so drafts come and are partly accepted).
+TEST(AsyncLlm, ConcurrentClientsMatchTheOfflineEngineUnderSpeculation) {
+  LlmOptions o = test::small_engine_options();
+  o.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 3,
+                             "prompt_lookup_max": 2})";
+  check_concurrent_clients(o);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "tiny_deepseek.h"
 #include "tiny_llama.h"
 #include "backend/backend.h"
 #include "base/log.h"
@@ -268,6 +269,114 @@ TEST_F(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
     auto alone = LlmEngine::create(*model_, config(200));
     ASSERT_TRUE(alone.ok());
     EXPECT_EQ(run(**alone, {reqs[i]})[0], batched[i]) << i;
+  }
+}
+
+// Prompt-lookup drafts verified inside the batch: greedy and seeded-sampled requests
+// (with penalties) give the tokens they give without drafts, with ample blocks and
+// with a pool so small that requests are preempted; every block comes back.
+TEST_F(EngineTest, SpeculativeDecodingKeepsEveryOutput) {
+  std::vector<Req> reqs = random_requests(12, 30, 9);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Req& r = reqs[i];
+    const std::vector<int32_t> passage = r.prompt;
+    for (int k = 0; k < 2; ++k) r.prompt.insert(r.prompt.end(), passage.begin(), passage.end());
+    r.options.max_tokens = 10 + static_cast<int>(i);
+    if (i % 2 == 1) {
+      r.options.temperature = 0.8f;
+      r.options.repetition_penalty = 1.1f;
+      r.options.seed = 40 + i;
+    }
+  }
+  spec::SpeculativeConfig ngram;
+  ngram.method = spec::SpeculativeMethod::kNgram;
+  ngram.num_speculative_tokens = 3;
+  ngram.prompt_lookup_min = 1;
+  ngram.prompt_lookup_max = 3;
+  for (int n_blocks : {400, 60}) {
+    auto plain = LlmEngine::create(*model_, config(n_blocks));
+    ASSERT_TRUE(plain.ok());
+    const auto want = run(**plain, reqs);
+    EngineConfig c = config(n_blocks);
+    c.speculative = ngram;
+    auto spec = LlmEngine::create(*model_, c);
+    ASSERT_TRUE(spec.ok());
+    const auto got = run(**spec, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
+    const EngineStats s = (*spec)->stats();
+    EXPECT_GT(s.spec.n_draft_tokens, 0);
+    EXPECT_EQ(s.n_free_blocks, s.n_blocks);
+    if (n_blocks == 60) EXPECT_GT(s.n_preemptions, 0);
+  }
+}
+
+// DeepSeek's MTP drafts (a tiny random V3 with an MTP layer) verified inside the
+// batch, 1 to 3 per step, greedy and seeded-sampled, with ample blocks and a pool that
+// preempts: the tokens of plain decoding; every block comes back. (Random MTP weights:
+// drafts are rejected, so every verify step corrects.)
+TEST(EngineMtpTest, MtpDraftsKeepEveryOutput) {
+  set_log_level("warning");
+  std::unique_ptr<Backend> backend = make_cpu_backend({});
+  auto load = [&] {
+    Result<std::unique_ptr<ModelFiles>> files = ModelFiles::open(tiny_deepseek::write());
+    EXPECT_TRUE(files.ok());
+    return load_causal_lm(std::move(*files), *backend, tiny_deepseek::kContext);
+  };
+  Result<std::unique_ptr<CausalLm>> plain_model = load(), mtp_model = load();
+  ASSERT_TRUE(plain_model.ok() && mtp_model.ok()) << plain_model.status().message();
+  std::mt19937 rng(3);
+  std::vector<std::pair<std::vector<int32_t>, SamplingOptions>> reqs;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> prompt(1 + rng() % 40);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % tiny_deepseek::kVocab);
+    SamplingOptions o = greedy(6 + i);
+    if (i % 2 == 1) {
+      o.temperature = 0.8f;
+      o.seed = 70 + i;
+    }
+    reqs.emplace_back(std::move(prompt), o);
+  }
+  auto run_all = [&](CausalLm& model, int n_blocks, int n_drafts, EngineStats* stats) {
+    EngineConfig c;
+    c.block_size = 4;
+    c.kv_cache_dtype = DType::kF32;
+    c.max_num_batched_tokens = 32;
+    if (n_drafts > 0) {
+      c.speculative.method = spec::SpeculativeMethod::kMtp;
+      c.speculative.num_speculative_tokens = n_drafts;
+      EXPECT_TRUE(model.enable_mtp().ok());  // so that the bytes per block count it
+    }
+    c.kv_cache_memory = int64_t{n_blocks} * c.block_size *
+                        static_cast<int64_t>(model.paged_bytes_per_token(c.kv_cache_dtype));
+    c.max_model_len = 100;
+    auto e = LlmEngine::create(model, c);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    std::vector<std::vector<int32_t>> out(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_TRUE((*e)->add_request(i, reqs[i].first, reqs[i].second).ok());
+    }
+    while ((*e)->has_unfinished_requests()) {
+      Result<std::vector<EngineOutput>> step = (*e)->step();
+      EXPECT_TRUE(step.ok()) << step.status().message();
+      if (!step.ok()) break;
+      for (const EngineOutput& o : *step) {
+        out[o.id].insert(out[o.id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      }
+      EXPECT_TRUE((*e)->scheduler().check_invariants().ok());
+    }
+    *stats = (*e)->stats();
+    return out;
+  };
+  for (int n_blocks : {200, 30}) {
+    EngineStats ps, ms;
+    const auto want = run_all(**plain_model, n_blocks, 0, &ps);
+    for (int n : {1, 3}) {
+      const auto got = run_all(**mtp_model, n_blocks, n, &ms);
+      for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << i << " N=" << n;
+      EXPECT_GT(ms.spec.n_draft_tokens, 0);
+      EXPECT_EQ(ms.n_free_blocks, ms.n_blocks);
+      if (n_blocks == 30) EXPECT_GT(ms.n_preemptions, 0);
+    }
   }
 }
 

@@ -1,6 +1,8 @@
-// engine_tool: test-only driver of the serving engine for tests/reference/test_engine.py.
-// Reads requests (JSON: [{"prompt": [ids], "max_tokens": n}, ...]) and runs them greedily
-// with ignore_eos, printing JSON {"outputs": [[ids], ...], "stats": {...}} on stdout.
+// engine_tool: test-only driver of the serving engine for tests/reference/test_engine.py
+// and test_speculative.py. Reads requests (JSON: [{"prompt": [ids], "max_tokens": n},
+// ...]) and runs them with ignore_eos, greedily unless a request gives "temperature"
+// (and "seed", "top_p", "top_k"), printing JSON {"outputs": [[ids], ...],
+// "stats": {...}} on stdout. --speculative-config JSON turns on speculative decoding.
 //
 //   --mode batch       all requests added at once to one LlmEngine (continuous batching)
 //   --mode sequential  one request after another through one LlmEngine (prefix caching);
@@ -31,6 +33,7 @@ namespace {
 struct Req {
   std::vector<int32_t> prompt;
   int max_tokens = 1;
+  SamplingOptions options;
 };
 
 nlohmann::json stats_json(const EngineStats& s) {
@@ -43,7 +46,11 @@ nlohmann::json stats_json(const EngineStats& s) {
           {"n_blocks", s.n_blocks},
           {"n_free_blocks", s.n_free_blocks},
           {"n_running", s.n_running},
-          {"n_waiting", s.n_waiting}};
+          {"n_waiting", s.n_waiting},
+          {"spec_n_drafts", s.spec.n_drafts},
+          {"spec_n_draft_tokens", s.spec.n_draft_tokens},
+          {"spec_n_accepted_tokens", s.spec.n_accepted_tokens},
+          {"spec_n_accepted_per_pos", s.spec.n_accepted_per_pos}};
 }
 
 SamplingOptions greedy(int max_tokens) {
@@ -95,7 +102,7 @@ Result<std::vector<int32_t>> run_solo(CausalLm& model, const Req& r, std::vector
 Status run_engine(LlmEngine& engine, const std::vector<Req>& reqs, size_t first, size_t last,
                   std::vector<std::vector<int32_t>>* outputs) {
   for (size_t i = first; i < last; ++i) {
-    DS_RETURN_IF_ERROR(engine.add_request(i, reqs[i].prompt, greedy(reqs[i].max_tokens)));
+    DS_RETURN_IF_ERROR(engine.add_request(i, reqs[i].prompt, reqs[i].options));
   }
   while (engine.has_unfinished_requests()) {
     DS_ASSIGN_OR_RETURN(std::vector<EngineOutput> outs, engine.step());
@@ -124,20 +131,31 @@ int main_impl(int argc, char** argv) {
   app.add_option("--max-model-len", ec.max_model_len);
   app.add_option("--threads", n_threads);
   app.add_flag("--no-enable-prefix-caching", no_prefix);
+  std::string speculative;
+  app.add_option("--speculative-config", speculative, "vLLM's JSON, e.g. {\"method\": \"ngram\", ...}");
   std::string kv_dtype = "auto";
   app.add_option("--kv-cache-dtype", kv_dtype, "auto (float16), float16 or float32")
-      ->check(CLI::IsMember({"auto", "float16", "float32"}));
+      ->check(CLI::IsMember({"auto", "float16", "float32", "fp8"}));
   CLI11_PARSE(app, argc, argv);
   ec.enable_prefix_caching = !no_prefix;
-  ec.kv_cache_dtype = kv_dtype == "float32" ? DType::kF32 : DType::kF16;
+  ec.kv_cache_dtype = kv_dtype == "float32" ? DType::kF32
+                      : kv_dtype == "fp8"   ? DType::kF8_E4M3
+                                            : DType::kF16;
   set_log_level("warning");
 
   std::vector<Req> reqs;
   {
     std::ifstream f(requests_path);
     const nlohmann::json j = nlohmann::json::parse(f);
-    for (const auto& r : j)
-      reqs.push_back({r.at("prompt").get<std::vector<int32_t>>(), r.at("max_tokens").get<int>()});
+    for (const auto& r : j) {
+      Req q{r.at("prompt").get<std::vector<int32_t>>(), r.at("max_tokens").get<int>(), {}};
+      q.options = greedy(q.max_tokens);
+      if (r.contains("temperature")) q.options.temperature = r.at("temperature").get<float>();
+      if (r.contains("seed")) q.options.seed = r.at("seed").get<uint64_t>();
+      if (r.contains("top_p")) q.options.top_p = r.at("top_p").get<float>();
+      if (r.contains("top_k")) q.options.top_k = r.at("top_k").get<int>();
+      reqs.push_back(std::move(q));
+    }
   }
   Status status;
   auto fail = [](const Status& s) {
@@ -146,6 +164,11 @@ int main_impl(int argc, char** argv) {
   };
   Result<std::unique_ptr<ModelFiles>> files = ModelFiles::open(model_path);
   if (!files.ok()) return fail(files.status());
+  if (!speculative.empty()) {
+    Result<spec::SpeculativeConfig> sc = spec::SpeculativeConfig::parse(speculative);
+    if (!sc.ok()) return fail(sc.status());
+    ec.speculative = *sc;
+  }
   CpuBackendOptions bo;
   bo.n_threads = n_threads;
   std::unique_ptr<Backend> backend = make_cpu_backend(bo);
@@ -168,6 +191,11 @@ int main_impl(int argc, char** argv) {
     }
     result["margins"] = margins;
   } else {
+    if (ec.speculative.method == spec::SpeculativeMethod::kMtp) {
+      // The MTP layer's cache counts in the bytes per token (the engine would enable
+      // it too, after --num-blocks became bytes).
+      if (Status s = (*model)->enable_mtp(); !s.ok()) return fail(s);
+    }
     if (n_blocks > 0) {
       ec.kv_cache_memory = int64_t{n_blocks} * ec.block_size *
                            static_cast<int64_t>((*model)->paged_bytes_per_token(ec.kv_cache_dtype));
