@@ -15,6 +15,7 @@ engine 1), with short deadlines (--engine-heartbeat-timeout, --engine-step-timeo
   left in its namespace;
 - started again with the same command line, the node rejoins and takes requests
   (engine 1's request counter in /metrics moves again);
+- a deadline out of range is refused with one clear error;
 - with tensor-parallel engines (TP 3 each), a rank of the API server's own engine
   killed: that engine fails, its requests move to the node's engine (200, the same
   text); the node then killed too: /health turns 503 and the API server exits with an
@@ -332,3 +333,12 @@ def test_no_engine_left(cluster_factory, net):
         time.sleep(0.1)
     assert not running(workers[1]), "a rank of the API server's engine was left running"
     assert not net.nodes[0].pids(), "a rank of the node's engine was left running"
+
+
+@pytest.mark.parametrize("flag,value", [("--engine-heartbeat-timeout", 0), ("--engine-step-timeout", "nan"),
+                                        ("--engine-heartbeat-timeout", 1e9)])
+def test_bad_deadline_is_refused(flag, value, dserve_bin, default_model):
+    r = subprocess.run([str(a) for a in [dserve_bin, "serve", default_model, "--data-parallel-size", 2, flag, value]],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert f"{flag} " in r.stderr and "must be between 0.1 and 86400 seconds" in r.stderr, r.stderr[-2000:]
