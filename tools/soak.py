@@ -134,6 +134,7 @@ class Server:
             "running": m["vllm:num_requests_running"],
             "waiting": m["vllm:num_requests_waiting"],
             "http_connections": m["dserve:http_connections"],
+            "preemptions": m["vllm:num_preemptions_total"],
         }
 
     def stop(self) -> int:
@@ -271,6 +272,7 @@ def summarize(args, server: Server, samples: list, idle: dict, tally: Tally, exi
         "thread_slope_per_h": slopes["threads"],
         "fd_slope_per_h": slopes["fds"],
         "idle_after_load": idle,
+        "preemptions": (idle or (samples[-1] if samples else {})).get("preemptions"),
         "responses": {k: dict(v) for k, v in sorted(tally.responses.items())},
         "responses_by_status": dict(sum(tally.responses.values(), collections.Counter())),
         "errors_by_kind": dict(tally.errors),
@@ -292,6 +294,7 @@ def print_summary(s: dict):
           f"MiB over 72 h; threads {s['thread_slope_per_h']:+.3f}/h, "
           f"descriptors {s['fd_slope_per_h']:+.3f}/h")
     print(f"  idle after the load: {s['idle_after_load']}")
+    print(f"  preemptions: {s['preemptions']}")
     print(f"  responses by status: {s['responses_by_status']}")
     for scenario, labels in s["responses"].items():
         print(f"    {scenario}: {labels}")
