@@ -184,12 +184,16 @@ async def worker(i: int, server: Server, args, deadline: float, tally: Tally):
     timeout = aiohttp.ClientTimeout(total=soak_load.TIMEOUT_S + 30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         client = soak_load.Client(session, server.base_url, server.model, rng)
+        # Worker i starts with scenario i of the mix, so that with as many workers as
+        # scenarios even a short run sends every kind; then the mix is drawn by weight.
+        first = soak_load.MIX[i % len(soak_load.MIX)][0]
         while time.time() < deadline and server.proc.poll() is None:
             try:
-                scenario, label = await soak_load.run_one(client)
+                scenario, label = await soak_load.run_one(client, first)
                 tally.ok(scenario, label)
             except soak_load.LoadError as e:
                 tally.error(getattr(e, "scenario", "?"), e.kind, e.detail)
+            first = None
 
 
 async def sampler(server: Server, args, t0: float, deadline: float, samples: list):

@@ -338,9 +338,10 @@ MIX = [
 ]
 
 
-async def run_one(c: Client) -> tuple[str, str]:
-    """Runs one scenario drawn from MIX: (scenario name, label). Raises LoadError."""
-    scenario = c.rng.choices([s for s, _ in MIX], weights=[w for _, w in MIX])[0]
+async def run_one(c: Client, scenario=None) -> tuple[str, str]:
+    """Runs `scenario`, or one drawn from MIX: (scenario name, label). Raises LoadError."""
+    if scenario is None:
+        scenario = c.rng.choices([s for s, _ in MIX], weights=[w for _, w in MIX])[0]
     try:
         label = await asyncio.wait_for(scenario(c), TIMEOUT_S)
     except LoadError as e:
