@@ -93,7 +93,7 @@ std::vector<Mount> parse_mountinfo(const std::string& text) {
     for (std::string f; in >> f;) fields.push_back(f);
     size_t dash = 6;
     while (dash < fields.size() && fields[dash] != "-") ++dash;
-    if (fields.size() < 5 || dash + 3 >= fields.size()) continue;
+    if (dash + 3 >= fields.size()) continue;  // not a full line
     mounts.push_back({unescape_mount_path(fields[3]), unescape_mount_path(fields[4]),
                       fields[dash + 1], split(fields[dash + 3], ',')});
   }
