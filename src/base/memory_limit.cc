@@ -71,8 +71,9 @@ std::string unescape_mount_path(const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '\\' && i + 3 < s.size()) {
       int value = 0;
-      const std::from_chars_result r = std::from_chars(s.data() + i + 1, s.data() + i + 4, value, 8);
-      if (r.ec == std::errc() && r.ptr == s.data() + i + 4) {
+      const char* digits = s.data() + i + 1;
+      const std::from_chars_result r = std::from_chars(digits, digits + 3, value, 8);
+      if (r.ec == std::errc() && r.ptr == digits + 3) {
         out += static_cast<char>(value);
         i += 3;
         continue;
@@ -190,7 +191,8 @@ std::optional<int64_t> parse_memory_limit_value(const std::string& text) {
 }
 
 MemoryLimit read_memory_limit(const MemoryLimitFiles& files) {
-  const int64_t physical = files.physical_bytes > 0 ? files.physical_bytes : physical_memory_bytes();
+  const int64_t physical =
+      files.physical_bytes > 0 ? files.physical_bytes : physical_memory_bytes();
   const MemoryLimit machine{physical, "physical memory"};
   std::optional<std::string> cgroup_text = read_text(files.proc_self_cgroup);
   std::optional<std::string> mountinfo_text = read_text(files.proc_self_mountinfo);
@@ -200,7 +202,8 @@ MemoryLimit read_memory_limit(const MemoryLimitFiles& files) {
   // v2 first: on a hybrid host the unified hierarchy may hold no memory controller (no
   // memory.max files), and then the v1 memory hierarchy holds the limit.
   for (bool v2 : {true, false}) {
-    std::optional<MemoryLimit> limit = hierarchy_limit(mounts, v2 ? groups.v2 : groups.v1_memory, v2);
+    std::optional<MemoryLimit> limit =
+        hierarchy_limit(mounts, v2 ? groups.v2 : groups.v1_memory, v2);
     if (limit && limit->bytes < physical) return *limit;
   }
   return machine;

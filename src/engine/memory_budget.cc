@@ -55,8 +55,9 @@ Result<KvCacheBudget> kv_cache_budget(const MemoryBudgetInput& in) {
                              " allowed; " + sums + ", KV cache " + gib(kv);
     if (kv <= 0) {
       return Status(StatusCode::kResourceExhausted,
-                    "gpu_memory_utilization " + fraction(f) + " leaves no memory for the KV cache: " +
-                        line + "; raise it, or set --kv-cache-memory BYTES instead");
+                    "gpu_memory_utilization " + fraction(f) +
+                        " leaves no memory for the KV cache: " + line +
+                        "; raise it, or set --kv-cache-memory BYTES instead");
     }
     return KvCacheBudget{kv, line};
   }

@@ -60,8 +60,9 @@ def test_one_minute_soak(dserve_bin, default_model, tmp_path):
     # are the defaults); leftovers when idle and every unexpected answer still fail it.
     r = subprocess.run([sys.executable, REPO / "tools" / "soak.py", "--dserve", dserve_bin,
                         "--model", default_model, "--duration", "60", "--sample-interval", "5",
-                        "--warmup", "20", "--concurrency", str(len(soak_load.MIX)), "--max-rss-slope", "1500",
-                        "--max-thread-slope", "500", "--max-fd-slope", "2000",
+                        "--warmup", "20", "--concurrency", str(len(soak_load.MIX)),
+                        "--max-rss-slope", "1500", "--max-thread-slope", "500",
+                        "--max-fd-slope", "2000",
                         "--serve-arg=--max-model-len", "--serve-arg=2048",
                         "--serve-arg=--kv-cache-memory", f"--serve-arg={64 << 20}",
                         "--json", out, "--log", tmp_path / "serve.log"],

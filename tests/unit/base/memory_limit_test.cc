@@ -75,7 +75,8 @@ TEST_F(MemoryLimitTest, V1TakesTheTightestLimitUpTheNestedPath) {
 
 TEST_F(MemoryLimitTest, V1GroupThatIsTheMountsRootReadsTheMountPoint) {
   // A container without a cgroup namespace: its group is mounted as the hierarchy root.
-  write_proc("4:memory:/docker/abc\n", mount_line(35, "/docker/abc", "sys/fs/cgroup/memory", false));
+  write_proc("4:memory:/docker/abc\n",
+             mount_line(35, "/docker/abc", "sys/fs/cgroup/memory", false));
   write("sys/fs/cgroup/memory/memory.limit_in_bytes", "536870912\n");
   const MemoryLimit limit = read_memory_limit(files_);
   EXPECT_EQ(limit.bytes, 512 << 20);
