@@ -180,6 +180,14 @@ int64_t physical_memory_bytes() {
 
 }  // namespace
 
+int64_t resident_memory_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // in kB
+  }
+  return 0;
+}
+
 std::optional<int64_t> parse_memory_limit_value(const std::string& text) {
   size_t end = text.size();
   while (end > 0 && (text[end - 1] == '\n' || text[end - 1] == ' ')) --end;

@@ -34,6 +34,9 @@ struct MemoryLimitFiles {
 // The limit; a cgroup limit at or above physical memory reports physical memory.
 MemoryLimit read_memory_limit(const MemoryLimitFiles& files = {});
 
+// This process's resident memory now (VmRSS of /proc/self/status), 0 if unreadable.
+int64_t resident_memory_bytes();
+
 // One limit file's value: bytes, or nullopt for "max" (v2's unlimited) and text that is
 // not a non-negative integer.
 std::optional<int64_t> parse_memory_limit_value(const std::string& text);

@@ -1,5 +1,6 @@
 #include "dserve/llm.h"
 
+#include <algorithm>
 #include <new>
 #include <optional>
 
@@ -59,7 +60,9 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   llm->backend_ = make_cpu_backend(cpu);
   const int64_t weight_bytes = static_cast<int64_t>(files->total_tensor_bytes());
   const MemoryLimit limit = read_memory_limit();
-  if (weight_bytes > limit.bytes) {
+  // With load_model this process may hold a share of the weights (one tensor-parallel
+  // rank): only the memory it holds after loading can be counted.
+  if (!o.load_model && weight_bytes > limit.bytes) {
     return Status(StatusCode::kResourceExhausted,
                   model_path + ": the weights (" + std::to_string(weight_bytes >> 20) +
                       " MiB) do not fit the memory limit of " + std::to_string(limit.bytes >> 20) +
@@ -87,7 +90,8 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   budget_in.limit = limit;
   budget_in.gpu_memory_utilization = o.gpu_memory_utilization;
   budget_in.kv_cache_memory = o.kv_cache_memory;
-  budget_in.weight_bytes = weight_bytes + prepared_bytes;
+  budget_in.weight_bytes = o.load_model ? std::max(resident_memory_bytes(), prepared_bytes)
+                                         : weight_bytes + prepared_bytes;
   budget_in.prepared_bytes = prepared_bytes;
   budget_in.buffer_bytes = working_buffer_bytes(o.max_num_seqs, llm->model_->info().vocab_size,
                                                 o.max_num_batched_tokens);

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 namespace dserve {
@@ -175,6 +177,16 @@ TEST(MemoryLimitRealTest, ThisProcessHasAPositiveLimitNamingItsSource) {
   const MemoryLimit limit = read_memory_limit();
   EXPECT_GT(limit.bytes, 0);
   EXPECT_FALSE(limit.source.empty());
+}
+
+TEST(ResidentMemoryTest, GrowsWhenPagesAreTouched) {
+  const int64_t before = resident_memory_bytes();
+  ASSERT_GT(before, 0);
+  constexpr size_t kBytes = size_t{64} << 20;
+  std::unique_ptr<char[]> touched(new char[kBytes]);
+  std::memset(touched.get(), 1, kBytes);
+  EXPECT_GE(resident_memory_bytes() - before, int64_t{kBytes} / 2);
+  EXPECT_EQ(touched[kBytes - 1], 1);
 }
 
 }  // namespace
