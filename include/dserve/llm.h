@@ -37,13 +37,17 @@ struct LlmOptions {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
   int block_size = 16;
-  int64_t kv_cache_memory = int64_t{1} << 30;  // bytes for the paged KV cache
+  // Bytes for the paged KV cache; 0: 1 GiB, or less where 0.9 x the process's memory
+  // limit (a container's cgroup limit, else physical memory) leaves less after the
+  // weights and working buffers. A size that does not fit under the limit is refused.
+  int64_t kv_cache_memory = 0;
   // The paged KV cache's element type, F16 (vLLM's --kv-cache-dtype auto, on the CPU)
   // or F32 (see EngineConfig::kv_cache_dtype).
   DType kv_cache_dtype = DType::kF16;
   // When > 0 (vLLM's --gpu-memory-utilization, read on the CPU): the fraction of the
-  // machine's memory dserve may use in all; the KV cache gets what remains after the
-  // weights and an estimate of the working buffers, instead of kv_cache_memory.
+  // process's memory limit (a container's cgroup limit, else physical memory) dserve
+  // may use in all; the KV cache gets what remains after the weights and an estimate
+  // of the working buffers, instead of kv_cache_memory.
   double gpu_memory_utilization = 0.0;
   int max_model_len = 0;  // 0: the model's context
   bool enable_prefix_caching = true;

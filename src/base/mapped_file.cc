@@ -54,11 +54,17 @@ void MappedFile::advise_huge_pages() const {
 
 void* alloc_huge(size_t bytes) {
   constexpr size_t kHuge = size_t{2} << 20;
-  size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  constexpr size_t kPage = size_t{4} << 10;
+  // Rounded to whole pages only: a huge page is advised over the whole 2 MiB spans
+  // alone, since with transparent huge pages the first touch of a span makes all of it
+  // resident, and a small buffer padded to 2 MiB (a norm's weight, a small model's
+  // packed matrix) would take 2 MiB of memory instead of its size.
+  const size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  const size_t huge_span = rounded / kHuge * kHuge;
   void* p = nullptr;
-  if (posix_memalign(&p, kHuge, rounded) != 0) return nullptr;
+  if (posix_memalign(&p, huge_span > 0 ? kHuge : kPage, rounded) != 0) return nullptr;
 #ifdef MADV_HUGEPAGE
-  madvise(p, rounded, MADV_HUGEPAGE);
+  if (huge_span > 0) madvise(p, huge_span, MADV_HUGEPAGE);
 #endif
   return p;
 }

@@ -36,8 +36,9 @@ class MappedFile {
   size_t size_;
 };
 
-// Allocates `bytes` aligned to 2 MiB and advises huge pages: for KV caches and
-// repacked weights. Freed with free_huge().
+// Allocates `bytes` (rounded up to whole 4 KiB pages) for KV caches and repacked
+// weights: 2 MiB aligned, with huge pages advised over the whole 2 MiB spans, when it
+// holds one or more; page aligned otherwise. Freed with free_huge().
 void* alloc_huge(size_t bytes);
 void free_huge(void* p, size_t bytes);
 

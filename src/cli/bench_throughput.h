@@ -22,7 +22,7 @@ struct BenchThroughputOptions {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
   int block_size = 16;
-  int64_t kv_cache_memory = int64_t{1} << 30;
+  int64_t kv_cache_memory = 0;  // 0: 1 GiB, or less under a tight memory limit
   std::string kv_cache_dtype = "auto";  // auto (float16), float16 or float32
   int max_model_len = 0;
   bool no_enable_prefix_caching = false;

@@ -109,7 +109,8 @@ int run(int argc, char** argv) {
                          "tokens per step at most (2048)");
   throughput->add_option("--block-size", bt.block_size, "tokens per KV block (16)");
   throughput->add_option("--kv-cache-memory", bt.kv_cache_memory,
-                         "bytes for the KV cache (default 1 GiB)");
+                         "bytes for the KV cache (default 0: 1 GiB, or less where 0.9 of "
+                         "the memory limit leaves less)");
   dserve::cli::add_kv_cache_dtype_option(throughput, &bt.kv_cache_dtype);
   throughput->add_option("--max-model-len", bt.max_model_len,
                          "prompt + output tokens at most (default: input + output length)");

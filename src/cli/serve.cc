@@ -72,11 +72,14 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   cmd->add_option("--block-size", o->block_size, "tokens per KV-cache block")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
-                  "on the CPU: the fraction of the machine's memory dserve may use; the KV cache "
-                  "gets what weights and buffers leave (default 0: use --kv-cache-memory)")
+                  "on the CPU: the fraction of the memory limit (the cgroup's, in a container; "
+                  "else the machine's memory) dserve may use; the KV cache gets what weights "
+                  "and buffers leave (default 0: use --kv-cache-memory)")
       ->capture_default_str();
-  cmd->add_option("--kv-cache-memory", o->kv_cache_memory, "bytes for the KV cache")
-      ->capture_default_str();
+  cmd->add_option("--kv-cache-memory", o->kv_cache_memory,
+                  "bytes for the KV cache (default 0: 1 GiB, or less where 0.9 of the memory "
+                  "limit leaves less; more than the limit holds is a start-up error)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   cmd->add_option("--seed", o->seed, "seed for requests that bring none (default: random)");
   cmd->add_option("--dtype", o->dtype, "activation dtype: auto or float32")->capture_default_str();

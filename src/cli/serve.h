@@ -34,7 +34,7 @@ struct ServeOptions {
   int max_num_batched_tokens = 2048;
   int block_size = 16;
   double gpu_memory_utilization = 0.0;
-  int64_t kv_cache_memory = int64_t{1} << 30;
+  int64_t kv_cache_memory = 0;  // 0: 1 GiB, or less under a tight memory limit
   std::string kv_cache_dtype = "auto";  // auto (float16), float16 or float32
   std::optional<uint64_t> seed;
   std::string dtype = "auto";

@@ -1,14 +1,15 @@
 #include "dserve/llm.h"
 
-#include <unistd.h>
-
+#include <algorithm>
 #include <new>
 #include <optional>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_isa.h"
 #include "base/log.h"
+#include "base/memory_limit.h"
 #include "engine/llm_engine.h"
+#include "engine/memory_budget.h"
 #include "engine/output_text.h"
 #include "loader/model_files.h"
 #include "spec/speculative_config.h"
@@ -24,40 +25,6 @@ LLM::~LLM() = default;
 int64_t LLM::vocab_size() const { return model_->info().vocab_size; }
 
 EngineStats LLM::stats() const { return engine_->stats(); }
-
-// --gpu-memory-utilization on the CPU: of F x the machine's memory, the KV cache gets
-// what the weights (as loaded, plus the backend's prepared copies) and the working
-// buffers leave. The buffers are estimated: the
-// step's logits (max_num_seqs x vocab floats) plus 64 KiB of activations per batched
-// token, generous for the models served here.
-static Result<int64_t> kv_budget_from_utilization(const LlmOptions& o, const ModelInfo& info,
-                                                  int64_t loaded_bytes, int64_t prepared_bytes) {
-  const int64_t weight_bytes = loaded_bytes + prepared_bytes;
-  const double f = o.gpu_memory_utilization;
-  if (!(f > 0.0 && f <= 1.0)) {
-    return invalid_argument("gpu_memory_utilization must be in (0, 1], got " + std::to_string(f));
-  }
-  const int64_t total = int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE);
-  const int64_t buffers = int64_t{o.max_num_seqs} * info.vocab_size * 4 +
-                          int64_t{o.max_num_batched_tokens} * (64 << 10);
-  const int64_t allowed = static_cast<int64_t>(f * static_cast<double>(total));
-  const int64_t kv = allowed - weight_bytes - buffers;
-  DS_LOG_INFO(
-      "memory: {:.2f} GiB x {} = {:.2f} GiB allowed; weights {:.2f} GiB ({:.2f} GiB of them "
-      "the backend's prepared copies), working buffers ~{:.2f} GiB, KV cache {:.2f} GiB",
-      total / 1073741824.0, f, allowed / 1073741824.0, weight_bytes / 1073741824.0,
-      prepared_bytes / 1073741824.0,
-      buffers / 1073741824.0, kv / 1073741824.0);
-  if (kv <= 0) {
-    const double need = static_cast<double>(weight_bytes + buffers) / static_cast<double>(total);
-    return Status(StatusCode::kResourceExhausted,
-                  "gpu_memory_utilization " + std::to_string(f) + " leaves no memory for the KV "
-                  "cache after the weights and buffers (they take " +
-                      std::to_string(need) + " of this machine's memory): raise it, or set "
-                      "--kv-cache-memory BYTES instead");
-  }
-  return kv;
-}
 
 Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const LlmOptions& o) {
   std::unique_ptr<LLM> llm(new LLM());
@@ -93,6 +60,15 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   cpu.isa = o.isa;
   llm->backend_ = make_cpu_backend(cpu);
   const int64_t weight_bytes = static_cast<int64_t>(files->total_tensor_bytes());
+  const MemoryLimit limit = read_memory_limit();
+  // With load_model this process may hold a share of the weights (one tensor-parallel
+  // rank): only the memory it holds after loading can be counted.
+  if (!o.load_model && weight_bytes > limit.bytes) {
+    return Status(StatusCode::kResourceExhausted,
+                  model_path + ": the weights (" + std::to_string(weight_bytes >> 20) +
+                      " MiB) do not fit the memory limit of " + std::to_string(limit.bytes >> 20) +
+                      " MiB (" + limit.source + ")");
+  }
   Result<std::unique_ptr<CausalLm>> model = [&]() -> Result<std::unique_ptr<CausalLm>> {
     try {
       return o.load_model ? o.load_model(std::move(files), *llm->backend_, context)
@@ -109,12 +85,20 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   // loaded weights; the mapped originals stay mapped too.
   const int64_t prepared_bytes = llm->backend_->prepared_weight_bytes();
 
-  int64_t kv_cache_memory = o.kv_cache_memory;
-  if (o.gpu_memory_utilization != 0.0) {
-    DS_ASSIGN_OR_RETURN(kv_cache_memory, kv_budget_from_utilization(o, llm->model_->info(),
-                                                                      weight_bytes,
-                                                                      prepared_bytes));
-  }
+  // The KV cache is sized within the process's memory limit (a container's cgroup
+  // limit, else physical memory), so a limit too small fails here, not in an OOM kill.
+  MemoryBudgetInput budget_in;
+  budget_in.limit = limit;
+  budget_in.gpu_memory_utilization = o.gpu_memory_utilization;
+  budget_in.kv_cache_memory = o.kv_cache_memory;
+  budget_in.weight_bytes = o.load_model ? std::max(resident_memory_bytes(), prepared_bytes)
+                                         : weight_bytes + prepared_bytes;
+  budget_in.prepared_bytes = prepared_bytes;
+  budget_in.buffer_bytes = working_buffer_bytes(o.max_num_seqs, llm->model_->info().vocab_size,
+                                                o.max_num_batched_tokens);
+  DS_ASSIGN_OR_RETURN(KvCacheBudget budget, kv_cache_budget(budget_in));
+  DS_LOG_INFO("memory: {}", budget.explanation);
+  const int64_t kv_cache_memory = budget.bytes;
 
   EngineConfig ec;
   ec.max_num_seqs = o.max_num_seqs;

@@ -92,11 +92,14 @@ class Server:
         return {f.name: f for f in text_string_to_metric_families(body.decode())}
 
 
-def start(dserve_bin, model, *args, log_path, port=None, env=None, wait_s=300) -> Server:
+def start(dserve_bin, model, *args, log_path, port=None, env=None, wait_s=300,
+          prefix=()) -> Server:
+    """Starts `dserve serve` (after the `prefix` command, if any: a wrapper that execs
+    it) and waits for /health."""
     port = port or free_port()
     log = open(log_path, "w")
-    proc = subprocess.Popen([str(dserve_bin), "serve", str(model), "--host", "127.0.0.1",
-                             "--port", str(port), *map(str, args)],
+    proc = subprocess.Popen([*map(str, prefix), str(dserve_bin), "serve", str(model),
+                             "--host", "127.0.0.1", "--port", str(port), *map(str, args)],
                             stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})})
     server = Server(proc, port, log_path)

@@ -53,6 +53,8 @@ def test_help_lists_every_flag(dserve_bin):
     (["--gpu-memory-utilization", "0.000001"], "--kv-cache-memory"),
     (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
     (["--kv-cache-memory", "1000"], "--kv-cache-memory"),
+    # More than this machine's memory (or its cgroup's limit) holds: refused at start-up.
+    (["--kv-cache-memory", str(1 << 50)], "more than the memory limit"),
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
     (["--reasoning-parser", "nope"], "reasoning-parser"),
     (["--chat-template", "/nonexistent/template.jinja"], "no such file"),

@@ -1,5 +1,5 @@
-// CpuBackend's memory: host memory from alloc_huge (2 MiB aligned, transparent huge
-// pages advised for large buffers), so uploads, downloads and copies are memcpy.
+// CpuBackend's memory: host memory from alloc_huge (huge pages advised over its whole
+// 2 MiB spans), so uploads, downloads and copies are memcpy.
 #include <algorithm>
 #include <cstring>
 
