@@ -176,29 +176,41 @@ Interpreter::Flow Interpreter::exec_for(const Node& node, std::string* out) {
   }
   if (items.empty()) return exec_body(node.else_body, out);
   const auto n = static_cast<int64_t>(items.size());
+  // One `loop` object for the whole loop, updated in place each iteration, as Jinja's
+  // LoopContext is one object: a fresh dict of twelve entries per iteration cost dozens
+  // of allocations, which made a loop iteration many times dearer than its body.
+  enum Entry { kIndex, kIndex0, kRevindex, kRevindex0, kFirst, kLast, kLength, kDepth, kDepth0,
+               kPrevitem, kNextitem, kCycle };  // positions in the object's entries
+  Value loop = Value::dict();
+  DictObj& l = loop.dict_obj();
+  l.kind = DictKind::kLoop;
+  for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length",
+                          "depth", "depth0", "previtem", "nextitem", "cycle"}) {
+    l.set(key, Value::none());
+  }
+  const std::shared_ptr<int64_t> index0 = std::make_shared<int64_t>(0);
+  l.entries[kCycle].second = Value::function("cycle", [index0](CallArgs& args) {
+    if (args.positional.empty()) throw TemplateError("no items for cycling given");
+    return args.positional[*index0 % args.positional.size()];
+  });
+  l.entries[kLength].second = Value::integer(n);
+  l.entries[kDepth].second = Value::integer(1);
+  l.entries[kDepth0].second = Value::integer(0);
+  const Value no_previous = Value::undefined("there is no previous item");
+  const Value no_next = Value::undefined("there is no next item");
   for (int64_t i = 0; i < n; ++i) {
     step();
     frames_.emplace_back();
     assign(node.target, items[i]);
-    Value loop = Value::dict();
-    DictObj& l = loop.dict_obj();
-    l.kind = DictKind::kLoop;
-    l.set("index", Value::integer(i + 1));
-    l.set("index0", Value::integer(i));
-    l.set("revindex", Value::integer(n - i));
-    l.set("revindex0", Value::integer(n - i - 1));
-    l.set("first", Value::boolean(i == 0));
-    l.set("last", Value::boolean(i == n - 1));
-    l.set("length", Value::integer(n));
-    l.set("depth", Value::integer(1));
-    l.set("depth0", Value::integer(0));
-    l.set("previtem", i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
-    l.set("nextitem", i + 1 < n ? items[i + 1] : Value::undefined("there is no next item"));
-    const int64_t index0 = i;
-    l.set("cycle", Value::function("cycle", [index0](CallArgs& args) {
-            if (args.positional.empty()) throw TemplateError("no items for cycling given");
-            return args.positional[index0 % args.positional.size()];
-          }));
+    *index0 = i;
+    l.entries[kIndex].second = Value::integer(i + 1);
+    l.entries[kIndex0].second = Value::integer(i);
+    l.entries[kRevindex].second = Value::integer(n - i);
+    l.entries[kRevindex0].second = Value::integer(n - i - 1);
+    l.entries[kFirst].second = Value::boolean(i == 0);
+    l.entries[kLast].second = Value::boolean(i == n - 1);
+    l.entries[kPrevitem].second = i > 0 ? items[i - 1] : no_previous;
+    l.entries[kNextitem].second = i + 1 < n ? items[i + 1] : no_next;
     frames_.back()["loop"] = loop;
     const Flow flow = exec_body(node.body, out);
     frames_.pop_back();
