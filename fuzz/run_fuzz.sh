@@ -20,6 +20,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache=${DSERVE_CACHE:-$HOME/.cache/dserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+# Targets whose readers take a path write each input to a file: in memory when possible.
+if [[ -d /dev/shm && -w /dev/shm ]]; then export TMPDIR=/dev/shm; fi
 
 targets=()
 for dir in "$here"/corpus/*/; do targets+=("$(basename "$dir")"); done
