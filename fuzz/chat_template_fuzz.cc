@@ -10,7 +10,7 @@
 //
 // Limits are much lower than the server's, so each input stays well under a second:
 // a render must stop at them whatever the template does, and a template that runs
-// long within them spends time the limits do not count.
+// long within them does work the limits do not count.
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dserve::jinja::RenderLimits limits;
   limits.max_output_bytes = 64 << 10;
   limits.max_steps = 20'000;
+  limits.max_built_bytes = 2 << 20;
   (void)(*tmpl)->render(messages, /*add_generation_prompt=*/true, extra, limits);
   return 0;
 }

@@ -18,6 +18,7 @@ std::string Interpreter::render(const Body& body,
   std::string out;
   {
     MutationScope cycles;
+    BuildBudget budget(limits_.max_built_bytes);
     exec_body(body, &out);
     frames_.clear();
   }

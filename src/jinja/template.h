@@ -27,6 +27,8 @@ struct RenderLimits {
   size_t max_output_bytes = size_t{64} << 20;  // any one string the template builds
   int64_t max_steps = 5'000'000;               // loop iterations plus macro calls
   int max_call_depth = 50;                     // nested macro calls
+  // All the strings and lists it builds, summed (BuildBudget in value.h).
+  size_t max_built_bytes = size_t{256} << 20;
 };
 
 class Template {
