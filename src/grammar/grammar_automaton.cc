@@ -93,25 +93,27 @@ void GrammarAutomaton::expand(int32_t start_pos, int32_t start_parent) {
         return;
       }
       const Grammar::Element e = el[pos];
-      if (e.kind == EK::kTerminal) {
-        scratch_.push_back(intern_node(pos, parent));
-        break;
-      }
-      if (e.kind == EK::kEnd) {
-        if (parent < 0) {
-          scratch_accepting_ = true;
+      switch (e.kind) {
+        case EK::kTerminal:
+          scratch_.push_back(intern_node(pos, parent));
+          break;
+        case EK::kEnd:
+          if (parent < 0) {
+            scratch_accepting_ = true;
+            break;
+          }
+          pos = nodes_[parent].pos;
+          parent = nodes_[parent].parent;
+          continue;  // return to the caller's frame
+        case EK::kRule: {
+          // A reference last in its alternative returns straight to our caller. The
+          // alternatives go on the stack last first, so they expand in order.
+          const int32_t ret = el[pos + 1].kind == EK::kEnd ? parent : intern_node(pos + 1, parent);
+          const std::vector<int32_t>& alts = grammar_->alternatives_of(e.value);
+          for (auto alt = alts.rbegin(); alt != alts.rend(); ++alt) todo_.emplace_back(*alt, ret);
           break;
         }
-        const Node caller = nodes_[parent];
-        pos = caller.pos;
-        parent = caller.parent;
-        continue;  // return to the caller's frame
       }
-      // A reference last in its alternative returns straight to our caller. The
-      // alternatives go on the stack last first, so they expand in order.
-      const int32_t ret = el[pos + 1].kind == EK::kEnd ? parent : intern_node(pos + 1, parent);
-      const std::vector<int32_t>& alts = grammar_->alternatives_of(e.value);
-      for (auto alt = alts.rbegin(); alt != alts.rend(); ++alt) todo_.emplace_back(*alt, ret);
       break;
     }
   }
