@@ -29,6 +29,9 @@ struct RenderLimits {
   int max_call_depth = 50;                     // nested macro calls
   // All the strings and lists it builds, summed (BuildBudget in value.h).
   size_t max_built_bytes = size_t{256} << 20;
+  // Wall time, checked as steps go: the bounds above leave each step free to read a long
+  // string or list (its length, a search, a comparison) again and again.
+  double max_seconds = 5.0;
 };
 
 class Template {

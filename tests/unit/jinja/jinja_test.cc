@@ -155,6 +155,12 @@ TEST(JinjaTest, RunawayTemplatesHitLimits) {
   expect_error("{% for i in range(1000) %}{% set l = range(10000) | list %}{% endfor %}",
                "built more than");
   EXPECT_TRUE(run("{% for i in range(100) %}{% set s = 'x' * 1000 %}{% endfor %}").ok());
+  // Little built, much read at each step.
+  limits.max_steps = int64_t{1} << 40;
+  limits.max_seconds = 0.2;
+  expect_error("{% set s = 'x' * 60000 %}{% for i in range(20000) %}{% for j in range(20000) %}"
+               "{% if s | length %}{% endif %}{% endfor %}{% endfor %}",
+               "took longer than");
 }
 
 TEST(JinjaTest, DeeplyNestedValuesAreFreedWithoutRecursion) {
