@@ -19,6 +19,7 @@ BUILD := build
 ASAN_BUILD := build-asan
 TSAN_BUILD := build-tsan
 ARM64_BUILD := build-arm64
+FUZZ_BUILD := build-fuzz
 DEFAULT_MODEL := $(DSERVE_CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 HOST ?= 0.0.0.0
 PORT ?= 8000
@@ -30,7 +31,10 @@ PROMPT ?= The three most useful things to know about the ocean are
 SERVE_APT_PACKAGES := cmake ninja-build pkg-config g++ ccache unzip nlohmann-json3-dev libonig-dev \
 	libicu-dev libcli11-dev libssl-dev libspdlog-dev libfmt-dev libcurl4-openssl-dev libgloo-dev \
 	libnuma-dev libzmq3-dev cppzmq-dev libboost-dev
-TEST_APT_PACKAGES := libgtest-dev libbenchmark-dev debootstrap prometheus chromium chromium-driver iproute2
+# clang and its compiler runtime (libclang-rt-14-dev: libFuzzer, ASan, UBSan) build the fuzz
+# targets; iproute2 makes the node-fault tests' network namespaces.
+TEST_APT_PACKAGES := libgtest-dev libbenchmark-dev debootstrap prometheus chromium chromium-driver \
+	iproute2 clang libclang-rt-14-dev
 
 # Every build goes through ccache, its store in the cache outside the repository: it is
 # keyed by the preprocessed source and flags (not by paths: BASEDIR/NOHASHDIR), so a
@@ -49,6 +53,7 @@ CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=c
 SANITIZE_FLAGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
 
 .PHONY: all setup setup-serve deps deps-serve venv model build build-dserve build-asan build-tsan \
+	build-fuzz test-fuzz fuzz \
 	run serve test test-cpp test-asan test-tsan test-py test-py-fresh test-checked test-container bench bench-compare clean \
 	deps-arm64 build-arm64 test-arm64
 
@@ -119,6 +124,14 @@ build-tsan: deps
 	  -DDSERVE_SANITIZE=thread -DDSERVE_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan_tests
 
+# The libFuzzer targets (fuzz/, one per reader of untrusted input) under ASan and UBSan,
+# built with clang; only the modules they read with are compiled.
+build-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja $(SANITIZE_FLAGS) $(CMAKE_LAUNCHER) -DCMAKE_CXX_COMPILER=clang++ \
+	  -DDSERVE_SANITIZE=address,undefined -DDSERVE_FUZZ=ON -DDSERVE_BUILD_TESTS=OFF \
+	  -DDSERVE_BUILD_BENCH=OFF >/dev/null
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
+
 # aarch64 (Kunpeng 920, Graviton, Ampere) cross-build from x86: Debian's cross compiler,
 # qemu-user to run the result, and Debian's arm64 libraries through multiarch. One
 # package, libonig-dev, cannot be co-installed with its amd64 twin; its arm64 .deb is
@@ -181,8 +194,8 @@ ifeq ($(HOST_ARCH),x86_64)
 ARM64_TEST_BUILD := build-arm64
 endif
 
-test: setup build build-asan build-tsan $(ARM64_TEST_BUILD)
-	$(MAKE) test-cpp test-asan test-tsan test-arm64 test-py test-checked test-container
+test: setup build build-asan build-tsan build-fuzz $(ARM64_TEST_BUILD)
+	$(MAKE) test-cpp test-asan test-tsan test-fuzz test-arm64 test-py test-checked test-container
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -190,6 +203,19 @@ test-cpp:
 test-asan:
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -L sanitize -j $(JOBS)
+
+# Every fuzz target replays its corpus in the repository (seeds and regression inputs),
+# then fuzzes for FUZZ_CHECK_SECONDS (docs/testing.md, "Fuzzing").
+FUZZ_CHECK_SECONDS ?= 4
+test-fuzz:
+	fuzz/run_fuzz.sh check $(FUZZ_BUILD) $(FUZZ_CHECK_SECONDS)
+
+# Fuzzing proper, one target at a time at the lowest priority: FUZZ_SECONDS each
+# (FUZZ_TARGETS= picks some), the corpus growing in $(DSERVE_CACHE)/fuzz/<target>.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?=
+fuzz: build-fuzz
+	nice -n 19 fuzz/run_fuzz.sh fuzz $(FUZZ_BUILD) $(FUZZ_SECONDS) $(DSERVE_CACHE)/fuzz $(FUZZ_TARGETS)
 
 test-tsan:
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan_suppressions.txt" ctest --output-on-failure -L tsan -j $(JOBS)
@@ -258,4 +284,4 @@ bench-compare: setup build
 	    --llama-src $$llama_bin/../../src
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM64_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ARM64_BUILD) $(FUZZ_BUILD)

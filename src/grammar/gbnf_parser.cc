@@ -99,7 +99,7 @@ class GbnfParser {
         if (c == '|' || c == ')') break;
         if (is_name_char(c) && at_rule_start()) break;
         DS_ASSIGN_OR_RETURN(ExprPtr a, atom(depth));
-        DS_ASSIGN_OR_RETURN(ExprPtr q, quantified(std::move(a)));
+        DS_ASSIGN_OR_RETURN(ExprPtr q, quantified(std::move(a), depth));
         seq.push_back(std::move(q));
       }
       alts.push_back(seq.empty() ? literal("") : sequence(std::move(seq)));
@@ -122,9 +122,12 @@ class GbnfParser {
     return any ? n : -1;
   }
 
-  Result<ExprPtr> quantified(ExprPtr e) {
-    for (;;) {
+  // Quantifiers may follow one another (x+? is an optional x+); each nests the item one
+  // level deeper, so they count against the same depth limit as groups.
+  Result<ExprPtr> quantified(ExprPtr e, int depth) {
+    for (;; ++depth) {
       if (r_.done()) return e;
+      if (depth > 200) return error("quantifiers nested too deeply");
       const uint32_t c = r_.peek();
       int min = 0, max = -1;
       if (c == '*') {

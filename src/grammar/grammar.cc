@@ -307,6 +307,11 @@ class Lowerer {
         }
         std::vector<Element> body;
         DS_RETURN_IF_ERROR(lower_into(*e.items[0], base, &body));
+        // An item that can match nothing needs no mandatory copies: x+ and x* (x{2,5}
+        // and x{0,5}) then match the same strings. Written out, each copy would be one
+        // more way for the matcher to pass over x, and nested (((ws)+)+)+ would double
+        // the ways at every level.
+        const int min = nullable(*e.items[0]) ? 0 : e.min;
         Element unit;
         if (body.size() == 1) {
           unit = body[0];
@@ -315,15 +320,15 @@ class Lowerer {
           alts_[id].push_back(std::move(body));
           unit = {EK::kRule, id};
         }
-        for (int i = 0; i < e.min; ++i) seq->push_back(unit);
+        for (int i = 0; i < min; ++i) seq->push_back(unit);
         if (e.max == -1) {
           const int32_t star = new_aux(base);
           alts_[star].push_back({unit, {EK::kRule, star}});
           alts_[star].push_back({});
           seq->push_back({EK::kRule, star});
-        } else if (e.max > e.min) {
+        } else if (e.max > min) {
           int32_t prev = -1;
-          for (int k = 0; k < e.max - e.min; ++k) {
+          for (int k = 0; k < e.max - min; ++k) {
             const int32_t opt = new_aux(base);
             std::vector<Element> alt = {unit};
             if (prev >= 0) alt.push_back({EK::kRule, prev});
@@ -337,6 +342,37 @@ class Lowerer {
       }
     }
     return Status::Ok();
+  }
+
+  // Whether `e` matches the empty string. A rule still being decided counts as not
+  // (its other alternatives may still say yes): an answer of no is only ever cautious.
+  bool nullable(const Expr& e) {
+    switch (e.kind) {
+      case Expr::Kind::kBytes:
+        return e.text.empty();
+      case Expr::Kind::kClass:
+        return false;
+      case Expr::Kind::kRef: {
+        const auto rule = rules_.find(e.text);
+        if (rule == rules_.end()) return false;
+        const auto [it, inserted] = nullable_rules_.emplace(e.text, false);
+        if (inserted) it->second = nullable(*rule->second);
+        return it->second;
+      }
+      case Expr::Kind::kSeq:
+        for (const ExprPtr& item : e.items) {
+          if (!nullable(*item)) return false;
+        }
+        return true;
+      case Expr::Kind::kAlt:
+        for (const ExprPtr& item : e.items) {
+          if (nullable(*item)) return true;
+        }
+        return false;
+      case Expr::Kind::kRepeat:
+        return e.min == 0 || nullable(*e.items[0]);
+    }
+    return false;
   }
 
   // Left recursion that grows the stack: a cycle of "may start with" edges holding an
@@ -458,6 +494,7 @@ class Lowerer {
   std::vector<Grammar::ByteSet> terminals_;
   std::map<Grammar::ByteSet, int32_t> terminal_ids_;
   std::map<CodepointRanges, int32_t> class_rules_;
+  std::map<std::string, bool> nullable_rules_;  // nullable() of each rule asked about
   int aux_counter_ = 0;
 };
 

@@ -58,6 +58,11 @@ bool GrammarAutomaton::full() const {
          sets_.size() > (size_t{1} << 20);
 }
 
+bool GrammarAutomaton::too_complex() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return too_complex_;
+}
+
 size_t GrammarAutomaton::n_states() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sets_.size();
@@ -70,29 +75,46 @@ int32_t GrammarAutomaton::intern_node(int32_t pos, int32_t parent) {
   return it->second;
 }
 
-void GrammarAutomaton::expand(int32_t pos, int32_t parent) {
+void GrammarAutomaton::expand(int32_t start_pos, int32_t start_parent) {
   const auto& el = grammar_->elements();
-  for (;;) {
-    if (!visited_.insert(pair_key(pos, parent)).second) return;
-    const Grammar::Element e = el[pos];
-    switch (e.kind) {
-      case EK::kTerminal:
-        scratch_.push_back(intern_node(pos, parent));
-        return;
-      case EK::kEnd:
-        if (parent < 0) {
-          scratch_accepting_ = true;
-          return;
-        }
-        pos = nodes_[parent].pos;
-        parent = nodes_[parent].parent;
-        continue;  // return to the caller's frame
-      case EK::kRule: {
-        // A reference last in its alternative returns straight to our caller.
-        const int32_t ret = el[pos + 1].kind == EK::kEnd ? parent : intern_node(pos + 1, parent);
-        for (int32_t alt : grammar_->alternatives_of(e.value)) expand(alt, ret);
+  // The (pos, parent) pairs still to expand, on a stack of our own rather than C++'s: a
+  // path that matches nothing can run through as many rules as the grammar has (a
+  // thousand optional items in a row), deeper than the call stack allows.
+  todo_.clear();
+  todo_.emplace_back(start_pos, start_parent);
+  while (!todo_.empty()) {
+    auto [pos, parent] = todo_.back();
+    todo_.pop_back();
+    for (;;) {
+      if (!visited_.insert(pair_key(pos, parent)).second) break;
+      if (visited_.size() > kMaxExpansion) {
+        too_complex_ = true;  // the state keeps the stacks found so far
+        todo_.clear();
         return;
       }
+      const Grammar::Element e = el[pos];
+      switch (e.kind) {
+        case EK::kTerminal:
+          scratch_.push_back(intern_node(pos, parent));
+          break;
+        case EK::kEnd:
+          if (parent < 0) {
+            scratch_accepting_ = true;
+            break;
+          }
+          pos = nodes_[parent].pos;
+          parent = nodes_[parent].parent;
+          continue;  // return to the caller's frame
+        case EK::kRule: {
+          // A reference last in its alternative returns straight to our caller. The
+          // alternatives go on the stack last first, so they expand in order.
+          const int32_t ret = el[pos + 1].kind == EK::kEnd ? parent : intern_node(pos + 1, parent);
+          const std::vector<int32_t>& alts = grammar_->alternatives_of(e.value);
+          for (auto alt = alts.rbegin(); alt != alts.rend(); ++alt) todo_.emplace_back(*alt, ret);
+          break;
+        }
+      }
+      break;
     }
   }
 }

@@ -59,6 +59,13 @@ class GrammarAutomaton {
   size_t n_states() const;
   // Past its memory budget (states, cached masks): give new sequences a new automaton.
   bool full() const;
+  // Whether some state needed more than kMaxExpansion steps to expand (a grammar whose
+  // ways to go on multiply with its nesting, such as ((a?){2}){2}... ). Such a state
+  // keeps only the parse stacks found within the budget: the output still matches the
+  // grammar, but may be refused some of what it allows. compile_grammar() refuses a
+  // grammar whose first state is one.
+  bool too_complex() const;
+  static constexpr size_t kMaxExpansion = size_t{1} << 15;
   const TokenVocabulary& vocabulary() const { return *vocab_; }
 
  private:
@@ -96,10 +103,13 @@ class GrammarAutomaton {
   size_t n_trans_ = 0;
   size_t n_masks_ = 0;
 
-  // Scratch of expand(): the stacks found and the (pos, parent) pairs already visited.
+  // Scratch of expand(): the stacks found, the (pos, parent) pairs already visited and
+  // those still to expand.
   std::vector<int32_t> scratch_;
   bool scratch_accepting_ = false;
   std::unordered_set<uint64_t> visited_;
+  std::vector<std::pair<int32_t, int32_t>> todo_;
+  bool too_complex_ = false;
   std::vector<int32_t> walk_;  // [max_depth + 1] states along the trie path
 };
 

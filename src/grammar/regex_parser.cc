@@ -62,8 +62,10 @@ class RegexParser {
     return any ? n : -1;
   }
 
+  // One quantifier at most, as Python's re: a second one (a{2}{3}, a*{2}) is a "multiple
+  // repeat" error; the lazy and possessive forms (a*?, a*+) are one quantifier.
   Result<ExprPtr> quantified(ExprPtr e) {
-    for (;;) {
+    for (bool repeated = false;; repeated = true) {
       if (r_.done()) return e;
       const uint32_t c = r_.peek();
       int min = 0, max = -1;
@@ -96,6 +98,7 @@ class RegexParser {
       } else {
         return e;
       }
+      if (repeated) return error("multiple repeat");
       if (!r_.done() && (r_.peek() == '?' || r_.peek() == '+')) r_.next();  // lazy/possessive
       if (!r_.done() && (r_.peek() == '*' || r_.peek() == '+' || r_.peek() == '?')) {
         return error("multiple repeat");

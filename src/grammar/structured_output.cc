@@ -15,7 +15,9 @@ Result<std::shared_ptr<const Grammar>> choice_grammar(const std::vector<std::str
   return b.build("root");
 }
 
-Result<std::shared_ptr<const Grammar>> compile_grammar(const StructuredOutputs& spec) {
+namespace {
+
+Result<std::shared_ptr<const Grammar>> build_grammar(const StructuredOutputs& spec) {
   switch (spec.kind) {
     case StructuredOutputs::Kind::kJson:
       return compile_json_schema(spec.text);
@@ -42,6 +44,22 @@ Result<std::shared_ptr<const Grammar>> compile_grammar(const StructuredOutputs& 
     }
   }
   return invalid_argument("unknown structured output kind");
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Grammar>> compile_grammar(const StructuredOutputs& spec) {
+  DS_ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, build_grammar(spec));
+  // A grammar whose first state is past the matcher's budget (GrammarAutomaton::
+  // too_complex) would be held to a fraction of itself from the first token on: refused
+  // here, where the request can still get a clear error.
+  const GrammarAutomaton probe(g, std::make_shared<const TokenVocabulary>(std::vector<std::string>{}));
+  if (probe.too_complex()) {
+    return invalid_argument("the grammar is too complex: its first step has more than " +
+                            std::to_string(GrammarAutomaton::kMaxExpansion) +
+                            " parse paths (nested optional or repeated items multiply them)");
+  }
+  return g;
 }
 
 Result<std::unique_ptr<GrammarMatcher>> StructuredOutputCompiler::matcher(

@@ -10,6 +10,7 @@
 // Thread-safety: confined to one thread.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -55,6 +56,7 @@ class Interpreter {
   size_t floor_ = 1;           // frames in (1, floor_) are hidden (caller's scopes in a macro)
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 }  // namespace dserve::jinja

@@ -27,6 +27,11 @@ struct RenderLimits {
   size_t max_output_bytes = size_t{64} << 20;  // any one string the template builds
   int64_t max_steps = 5'000'000;               // loop iterations plus macro calls
   int max_call_depth = 50;                     // nested macro calls
+  // All the strings and lists it builds, summed (BuildBudget in value.h).
+  size_t max_built_bytes = size_t{256} << 20;
+  // Wall time, checked as steps go: the bounds above leave each step free to read a long
+  // string or list (its length, a search, a comparison) again and again.
+  double max_seconds = 5.0;
 };
 
 class Template {

@@ -183,6 +183,7 @@ Value Value::undefined(std::string hint) {
 }
 
 Value Value::list(std::vector<Value> items, bool is_tuple) {
+  BuildBudget::charge(items.size() * 16);
   auto l = std::make_shared<ListObj>();
   l->items = std::move(items);
   l->is_tuple = is_tuple;
@@ -377,7 +378,25 @@ void DictObj::set(const Value& key, Value value) {
 
 namespace {
 thread_local MutationScope* g_mutation_scope = nullptr;
+thread_local BuildBudget* g_build_budget = nullptr;
 }  // namespace
+
+BuildBudget::BuildBudget(size_t max_bytes)
+    : max_bytes_(max_bytes), left_(max_bytes), previous_(g_build_budget) {
+  g_build_budget = this;
+}
+
+BuildBudget::~BuildBudget() { g_build_budget = previous_; }
+
+void BuildBudget::charge(size_t bytes) {
+  BuildBudget* budget = g_build_budget;
+  if (!budget) return;
+  if (bytes > budget->left_) {
+    throw TemplateError("template built more than " + std::to_string(budget->max_bytes_) +
+                        " bytes of strings and lists");
+  }
+  budget->left_ -= bytes;
+}
 
 MutationScope::MutationScope() : previous_(g_mutation_scope) { g_mutation_scope = this; }
 

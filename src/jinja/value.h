@@ -55,6 +55,26 @@ struct NoneType {};
 
 enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kFunction };
 
+// Bounds what one render builds (RenderLimits::max_built_bytes): while a BuildBudget is
+// alive on this thread, every string and list a template makes is charged its size (a
+// list 16 bytes an item), and the one that goes past the budget is a TemplateError.
+// Steps alone do not bound a render's work: a loop of a few thousand steps could build a
+// 64 MiB string, or a list of a hundred thousand items, at each.
+class BuildBudget {
+ public:
+  explicit BuildBudget(size_t max_bytes);
+  ~BuildBudget();
+  BuildBudget(const BuildBudget&) = delete;
+  BuildBudget& operator=(const BuildBudget&) = delete;
+  // Charges the budget alive on this thread, if any.
+  static void charge(size_t bytes);
+
+ private:
+  size_t max_bytes_;
+  size_t left_;
+  BuildBudget* previous_;
+};
+
 class Value {
  public:
   Value() : v_(Undefined{}) {}
@@ -64,6 +84,7 @@ class Value {
   static Value integer(int64_t i) { return Value(i); }
   static Value floating(double d) { return Value(d); }
   static Value string(std::string s) {
+    BuildBudget::charge(s.size());
     return Value(std::make_shared<const std::string>(std::move(s)));
   }
   static Value list(std::vector<Value> items = {}, bool is_tuple = false);

@@ -70,8 +70,8 @@ TEST(RegexTest, FullMatchSemantics) {
 }
 
 TEST(RegexTest, MalformedPatternsAreErrors) {
-  for (const char* p : {"(ab", "ab)", "[a-", "a{3,2}", "*a", "a**", "\\", "(?=a)", "(a)\\1",
-                        "\\bword", "[z-a]", "\\x4", "a^b"}) {
+  for (const char* p : {"(ab", "ab)", "[a-", "a{3,2}", "*a", "a**", "a{2}{3}", "a*{2}", "\\",
+                        "(?=a)", "(a)\\1", "\\bword", "[z-a]", "\\x4", "a^b"}) {
     auto e = parse_regex(p);
     EXPECT_FALSE(e.ok()) << p;
     if (!e.ok()) {
@@ -126,6 +126,52 @@ TEST(GbnfTest, MalformedGrammarsAreErrors) {
     EXPECT_NE(g.status().message().find(c.want), std::string::npos)
         << c.text << " -> " << g.status().message();
   }
+}
+
+// What a grammar may cost the matcher is bounded: each of these once exhausted the stack
+// or ran for seconds (fuzz/corpus/gbnf, fuzz/corpus/grammar_matcher).
+TEST(GbnfTest, NestingAndLongRunsAreBounded) {
+  // Repetitions of an item that can match nothing, nested: x+ over such an item adds no
+  // ways to pass over it.
+  auto nested = parse_gbnf("root ::= \"a\" ws" + std::string(40, '+') + " \"b\"\nws ::= [ ]*");
+  ASSERT_TRUE(nested.ok()) << nested.status().message();
+  EXPECT_TRUE(matches(*nested, "ab"));
+  EXPECT_TRUE(matches(*nested, "a   b"));
+  EXPECT_FALSE(matches(*nested, "a b "));
+  // Stacked quantifiers count as nesting.
+  auto stacked = parse_gbnf("root ::= \"a\"" + std::string(300, '+'));
+  ASSERT_FALSE(stacked.ok());
+  EXPECT_NE(stacked.status().message().find("nested too deeply"), std::string::npos);
+  auto optional_plus = parse_gbnf("root ::= \"a\"+? \"b\"");
+  ASSERT_TRUE(optional_plus.ok()) << optional_plus.status().message();
+  EXPECT_TRUE(matches(*optional_plus, "b"));
+  EXPECT_TRUE(matches(*optional_plus, "aab"));
+  // Thousands of optional items in a row: one path through all of them.
+  std::string run = "root ::=";
+  for (int i = 0; i < 8000; ++i) run += " \"a\"?";
+  auto long_run = parse_gbnf(run + " \"b\"");
+  ASSERT_TRUE(long_run.ok()) << long_run.status().message();
+  EXPECT_TRUE(matches(*long_run, std::string(5000, 'a') + "b"));
+  EXPECT_FALSE(matches(*long_run, std::string(8001, 'a') + "b"));
+}
+
+TEST(RegexTest, GrammarsWhosePathsMultiplyAreRefused) {
+  // ((a?){2}){2}...: 2^k ways to begin, one per choice of which a? matches.
+  auto pattern = [](int k) {
+    std::string p(k, '(');
+    p += "a?";
+    for (int i = 0; i < k; ++i) p += "){2}";
+    return p;
+  };
+  StructuredOutputs s;
+  s.kind = StructuredOutputs::Kind::kRegex;
+  s.text = pattern(8);
+  ASSERT_TRUE(compile_grammar(s).ok());
+  EXPECT_TRUE(matches(*compile_grammar(s), std::string(200, 'a')));
+  s.text = pattern(20);
+  auto refused = compile_grammar(s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("too complex"), std::string::npos);
 }
 
 TEST(JsonSchemaTest, ObjectsArraysAndRefs) {

@@ -53,6 +53,8 @@ CASES = [
     "{% if n > 5 %}big{% elif n > 2 %}mid{% else %}small{% endif %}|{% if false %}x{% endif %}",
     "{% for m in msgs %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.length }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.first }}/{{ loop.last }}:{{ m.role }};{% endfor %}",
     "{% for m in msgs %}{{ loop.previtem.role if loop.previtem is defined else '-' }}>{{ loop.nextitem.role if loop.nextitem is defined else '-' }} {{ loop.cycle('a', 'b') }};{% endfor %}",
+    # one loop object per loop: kept past an iteration, it shows the latest one
+    "{% set ns = namespace(l=none) %}{% for x in lst %}{% if loop.first %}{% set ns.l = loop %}{% endif %}{% endfor %}{{ ns.l.index }} {{ ns.l.last }} {{ ns.l.cycle('a', 'b', 'c') }}",
     "{% for k, v in d.items() %}{{ k }}={{ v }},{% endfor %} {% for k in d %}{{ k }}{% endfor %} {% for c in 'ab' %}[{{ c }}]{% endfor %}",
     "{% for x in lst if x > 1 %}{{ x }}{{ loop.length }}{% else %}none{% endfor %} {% for x in [] %}{% else %}empty{% endfor %}",
     "{% for x in lst %}{% if x == 1 %}{% continue %}{% endif %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}",

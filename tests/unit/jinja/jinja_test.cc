@@ -149,6 +149,18 @@ TEST(JinjaTest, RunawayTemplatesHitLimits) {
   expect_error("{% set l = [] %}{% for i in range(3) %}{{ l.append(l) }}{% endfor %}{{ l }}",
                "nested");
   expect_error("{{ '%0999999999d' % 1 }}", "too large");
+  // Few steps, much built at each: what the steps do is bounded too.
+  limits.max_built_bytes = 1 << 20;
+  expect_error("{% for i in range(1000) %}{% set s = 'x' * 60000 %}{% endfor %}", "built more than");
+  expect_error("{% for i in range(1000) %}{% set l = range(10000) | list %}{% endfor %}",
+               "built more than");
+  EXPECT_TRUE(run("{% for i in range(100) %}{% set s = 'x' * 1000 %}{% endfor %}").ok());
+  // Little built, much read at each step.
+  limits.max_steps = int64_t{1} << 40;
+  limits.max_seconds = 0.2;
+  expect_error("{% set s = 'x' * 60000 %}{% for i in range(20000) %}{% for j in range(20000) %}"
+               "{% if s | length %}{% endif %}{% endfor %}{% endfor %}",
+               "took longer than");
 }
 
 TEST(JinjaTest, DeeplyNestedValuesAreFreedWithoutRecursion) {
