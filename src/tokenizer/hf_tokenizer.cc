@@ -217,6 +217,13 @@ Result<std::unique_ptr<Tokenizer>> build(const json& tj, const json* config, con
                                               where + ".pre_tokenizer"));
   DS_RETURN_IF_ERROR(check_decoder(tj.value("decoder", json()), where + ".decoder"));
   DS_ASSIGN_OR_RETURN(parts.added_tokens, parse_added_tokens(tj, where));
+  const int64_t n_tokens = parts.model->size() + static_cast<int64_t>(parts.added_tokens.size());
+  for (const AddedToken& t : parts.added_tokens) {
+    if (t.id >= n_tokens + kMaxUnusedTokenIds) {
+      return corrupt(where + ".added_tokens: id " + std::to_string(t.id) +
+                     " is implausibly large for " + std::to_string(n_tokens) + " tokens");
+    }
+  }
   DS_RETURN_IF_ERROR(parse_post_processor(tj.value("post_processor", json()),
                                           where + ".post_processor", &parts.prefix_ids,
                                           &parts.suffix_ids));

@@ -304,6 +304,18 @@ TEST(Malformed, WrongTypes) {
   expect_error(json::array({1, 2}), StatusCode::kCorrupt, "not a JSON object");
 }
 
+TEST(Malformed, SparseIdsWouldAskForGigabytes) {
+  json tj = tiny_tokenizer_json();
+  tj["model"]["vocab"]["he"] = 677777775;
+  expect_error(tj, StatusCode::kCorrupt, "implausibly large");
+  tj = tiny_tokenizer_json();
+  tj["added_tokens"][0]["id"] = 677777775;
+  expect_error(tj, StatusCode::kCorrupt, "implausibly large");
+  tj = tiny_tokenizer_json();  // gaps within bounds are fine
+  tj["added_tokens"][0]["id"] = 100000;
+  EXPECT_TRUE(Tokenizer::from_hf_json(tj, nullptr, nullptr, "bad/dir").ok());
+}
+
 std::filesystem::path temp_dir(const std::string& name) {
   const char* root = std::getenv("DSERVE_TEST_TMPDIR");
   auto dir = std::filesystem::path(root ? root : "/tmp") / name;
