@@ -17,8 +17,9 @@ Result<std::unique_ptr<BpeModel>> BpeModel::build(
     if (id < 0) return corrupt(where + ".vocab: negative id for token \"" + tok + "\"");
     max_id = std::max(max_id, id);
   }
-  if (max_id >= (1 << 30)) {
-    return corrupt(where + ".vocab: id " + std::to_string(max_id) + " is implausibly large");
+  if (max_id >= static_cast<int64_t>(vocab.size()) + kMaxUnusedTokenIds) {
+    return corrupt(where + ".vocab: id " + std::to_string(max_id) + " is implausibly large for " +
+                   std::to_string(vocab.size()) + " tokens");
   }
   m->id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   m->spelled_to_id_.reserve(vocab.size());

@@ -21,6 +21,10 @@
 
 namespace dserve {
 
+// Ids may leave gaps, but not many: every id up to the largest gets a slot, so a file
+// naming id 600000000 in a vocabulary of a few hundred would ask for gigabytes.
+inline constexpr int64_t kMaxUnusedTokenIds = int64_t{1} << 20;
+
 class BpeModel {
  public:
   // vocab: (byte-level spelled token, id). merges: pairs of spelled tokens, by rank.

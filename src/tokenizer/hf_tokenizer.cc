@@ -1,5 +1,7 @@
 // Tokenizer::from_hf_json: tokenizer.json (+ tokenizer_config.json,
 // generation_config.json) -> TokenizerParts.
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
@@ -158,7 +160,9 @@ Status parse_post_processor(const json& p, const std::string& where, std::vector
         return corrupt(iw + ": special token \"" + name + "\" is not in special_tokens");
       }
       for (const json& id : (*specials)[name]["ids"]) {
-        if (!id.is_number_integer()) return corrupt(iw + ": non-integer id for \"" + name + "\"");
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 30)) {
+          return corrupt(iw + ": id for \"" + name + "\" is not a token id");
+        }
         (seen_sequence ? after : before).push_back(id.get<int32_t>());
       }
     }
@@ -169,9 +173,11 @@ Status parse_post_processor(const json& p, const std::string& where, std::vector
   if (type == "RobertaProcessing" || type == "BertProcessing") {
     const auto cls = p.find("cls");
     const auto sep = p.find("sep");
+    auto is_id = [](const json& j) {
+      return j.is_number_integer() && j.get<int64_t>() >= 0 && j.get<int64_t>() < (1 << 30);
+    };
     if (cls == p.end() || sep == p.end() || !cls->is_array() || cls->size() != 2 ||
-        !sep->is_array() || sep->size() != 2 || !(*cls)[1].is_number_integer() ||
-        !(*sep)[1].is_number_integer()) {
+        !sep->is_array() || sep->size() != 2 || !is_id((*cls)[1]) || !is_id((*sep)[1])) {
       return corrupt(where + ": expected \"cls\" and \"sep\" as [token, id]");
     }
     prefix->push_back((*cls)[1].get<int32_t>());
@@ -217,6 +223,13 @@ Result<std::unique_ptr<Tokenizer>> build(const json& tj, const json* config, con
                                               where + ".pre_tokenizer"));
   DS_RETURN_IF_ERROR(check_decoder(tj.value("decoder", json()), where + ".decoder"));
   DS_ASSIGN_OR_RETURN(parts.added_tokens, parse_added_tokens(tj, where));
+  const int64_t n_tokens = parts.model->size() + static_cast<int64_t>(parts.added_tokens.size());
+  for (const AddedToken& t : parts.added_tokens) {
+    if (t.id >= n_tokens + kMaxUnusedTokenIds) {
+      return corrupt(where + ".added_tokens: id " + std::to_string(t.id) +
+                     " is implausibly large for " + std::to_string(n_tokens) + " tokens");
+    }
+  }
   DS_RETURN_IF_ERROR(parse_post_processor(tj.value("post_processor", json()),
                                           where + ".post_processor", &parts.prefix_ids,
                                           &parts.suffix_ids));
@@ -272,8 +285,16 @@ Result<std::unique_ptr<Tokenizer>> build(const json& tj, const json* config, con
       }
     }
   }
-  for (int32_t id : parts.prefix_ids) {
-    if (id < 0) return corrupt(where + ".post_processor: negative token id");
+  // What encode() adds must be tokens of this vocabulary (the engine indexes with them).
+  int32_t n_ids = parts.model->size();
+  for (const AddedToken& t : parts.added_tokens) n_ids = std::max(n_ids, t.id + 1);
+  for (const std::vector<int32_t>* ids : {&parts.prefix_ids, &parts.suffix_ids}) {
+    for (int32_t id : *ids) {
+      if (id < 0 || id >= n_ids) {
+        return corrupt(where + ".post_processor: token id " + std::to_string(id) +
+                       " is not in the vocabulary");
+      }
+    }
   }
   return std::unique_ptr<Tokenizer>(new BpeTokenizer(std::move(parts)));
 }

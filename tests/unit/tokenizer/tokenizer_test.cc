@@ -304,6 +304,34 @@ TEST(Malformed, WrongTypes) {
   expect_error(json::array({1, 2}), StatusCode::kCorrupt, "not a JSON object");
 }
 
+TEST(Malformed, SparseIdsWouldAskForGigabytes) {
+  json tj = tiny_tokenizer_json();
+  tj["model"]["vocab"]["he"] = 677777775;
+  expect_error(tj, StatusCode::kCorrupt, "implausibly large");
+  tj = tiny_tokenizer_json();
+  tj["added_tokens"][0]["id"] = 677777775;
+  expect_error(tj, StatusCode::kCorrupt, "implausibly large");
+  tj = tiny_tokenizer_json();  // gaps within bounds are fine
+  tj["added_tokens"][0]["id"] = 100000;
+  EXPECT_TRUE(Tokenizer::from_hf_json(tj, nullptr, nullptr, "bad/dir").ok());
+}
+
+TEST(Malformed, PostProcessorIdsOutsideTheVocabulary) {
+  for (int64_t id : {int64_t{263}, int64_t{99999}, (int64_t{1} << 32) + 261, int64_t{-1}}) {
+    json tj = tiny_tokenizer_json();
+    tj["post_processor"] = {
+        {"type", "TemplateProcessing"},
+        {"single", json::array({{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}})},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {id}}, {"tokens", {"<s>"}}}}}}};
+    expect_error(tj, StatusCode::kCorrupt, "post_processor");
+  }
+  json tj = tiny_tokenizer_json();
+  tj["post_processor"] = {{"type", "BertProcessing"},
+                          {"cls", json::array({"<s>", 5000})},
+                          {"sep", json::array({"</s>", 1})}};
+  expect_error(tj, StatusCode::kCorrupt, "not in the vocabulary");
+}
+
 std::filesystem::path temp_dir(const std::string& name) {
   const char* root = std::getenv("DSERVE_TEST_TMPDIR");
   auto dir = std::filesystem::path(root ? root : "/tmp") / name;
