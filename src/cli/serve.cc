@@ -704,7 +704,12 @@ int run_api_server(const ServeOptions& o, const std::string& model_path, const L
   server::OpenAiServing serving(*client, chat_renderer(std::move(tmpl).value()),
                                 serving_config(o, model_path, template_source));
   server::HttpServer http(http_config(o, audit_log), serving, metrics);
-  server::StatsLogger stats_logger(metrics, o.log_stats_interval);
+  std::unique_ptr<server::StatsLogger> stats_logger;
+  try {
+    stats_logger = std::make_unique<server::StatsLogger>(metrics, o.log_stats_interval);
+  } catch (const std::system_error& e) {
+    return report_error(thread_error("the stats-logging thread", e));
+  }
   return serve_until_stopped(http, *client, signals, o.shutdown_timeout);
 }
 
