@@ -55,7 +55,7 @@ def test_help_lists_every_flag(dserve_bin):
     (["--kv-cache-memory", "1000"], "--kv-cache-memory"),
     # More than this machine's memory (or its cgroup's limit) holds: refused at start-up.
     (["--kv-cache-memory", str(1 << 50)], "more than the memory limit"),
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype"),
     (["--reasoning-parser", "nope"], "reasoning-parser"),
     (["--chat-template", "/nonexistent/template.jinja"], "no such file"),
     (["--chat-template", "{% if %}"], "chat template"),
