@@ -20,8 +20,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache=${DSERVE_CACHE:-$HOME/.cache/dserve}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
-# Targets whose readers take a path write each input to a file: in memory when possible.
-if [[ -d /dev/shm && -w /dev/shm ]]; then export TMPDIR=/dev/shm; fi
+# Targets whose readers take a path write each input to a file: in memory when possible,
+# in a directory of the run's own, removed at the end even after a crash.
+tmp_root=${TMPDIR:-/tmp}
+if [[ -d /dev/shm && -w /dev/shm ]]; then tmp_root=/dev/shm; fi
+export TMPDIR=$(mktemp -d "$tmp_root/dserve-fuzz.XXXXXX")
+trap 'rm -rf "$TMPDIR"' EXIT
 
 targets=()
 for dir in "$here"/corpus/*/; do targets+=("$(basename "$dir")"); done

@@ -87,6 +87,7 @@ void GrammarAutomaton::expand(int32_t start_pos, int32_t start_parent) {
     todo_.pop_back();
     for (;;) {
       if (!visited_.insert(pair_key(pos, parent)).second) break;
+      ++work_;
       if (visited_.size() > kMaxExpansion) {
         too_complex_ = true;  // the state keeps the stacks found so far
         todo_.clear();
@@ -140,6 +141,7 @@ int32_t GrammarAutomaton::compute_step(int32_t set, uint8_t byte) {
   scratch_accepting_ = false;
   visited_.clear();
   // Copy: expand() may intern nodes, but sets_ does not change until intern_set().
+  work_ += sets_[set].stacks.size();
   for (int32_t id : sets_[set].stacks) {
     const Node n = nodes_[id];
     const Grammar::Element e = grammar_->elements()[n.pos];
@@ -189,7 +191,12 @@ void GrammarAutomaton::fill_allowed(int32_t state, std::span<uint64_t> allowed) 
     if (!sets_[state].stacks.empty()) {
       walk_[0] = state;
       const int32_t n = v.n_nodes();
+      const size_t work_limit = work_ + kMaskWorkPerTrieNode * static_cast<size_t>(n);
       for (int32_t i = 0; i < n;) {
+        if (work_ > work_limit) {
+          too_complex_ = true;  // the tokens not reached yet stay refused
+          break;
+        }
         const int32_t d = v.node_depth(i);
         const int32_t next = step(walk_[d - 1], v.node_byte(i));
         if (next < 0) {

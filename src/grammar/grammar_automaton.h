@@ -59,13 +59,17 @@ class GrammarAutomaton {
   size_t n_states() const;
   // Past its memory budget (states, cached masks): give new sequences a new automaton.
   bool full() const;
-  // Whether some state needed more than kMaxExpansion steps to expand (a grammar whose
-  // ways to go on multiply with its nesting, such as ((a?){2}){2}... ). Such a state
-  // keeps only the parse stacks found within the budget: the output still matches the
-  // grammar, but may be refused some of what it allows. compile_grammar() refuses a
-  // grammar whose first state is one.
+  // Whether the automaton had to cut work short somewhere: a state whose expansion took
+  // more than kMaxExpansion steps (a grammar whose ways to go on multiply with its
+  // nesting, such as ((a?){2}){2}..., or with the input, as nested x+ over any
+  // character) keeps only the parse stacks found within that budget; a mask whose walk
+  // of the vocabulary took more than kMaskWorkPerTrieNode steps per trie node leaves
+  // the rest of the vocabulary refused. Either way the output
+  // still matches the grammar, but may be refused some of what it allows (an empty mask
+  // leaves the stop tokens). compile_grammar() refuses a grammar whose first state is cut.
   bool too_complex() const;
   static constexpr size_t kMaxExpansion = size_t{1} << 15;
+  static constexpr size_t kMaskWorkPerTrieNode = 64;
   const TokenVocabulary& vocabulary() const { return *vocab_; }
 
  private:
@@ -110,6 +114,7 @@ class GrammarAutomaton {
   std::unordered_set<uint64_t> visited_;
   std::vector<std::pair<int32_t, int32_t>> todo_;
   bool too_complex_ = false;
+  size_t work_ = 0;  // stacks stepped and pairs expanded, ever: what budgets count
   std::vector<int32_t> walk_;  // [max_depth + 1] states along the trie path
 };
 

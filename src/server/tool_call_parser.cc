@@ -224,7 +224,11 @@ bool ToolCallParser::process_hermes(bool final, Delta& out) {
   if (!hermes_streaming_ && args_emitted_ == 0) {
     std::string name;
     size_t head_len = 0;
-    switch (match_hermes_head(held_, &name, &head_len)) {
+    // The call ends at the first end marker, even inside what looks like the name's JSON
+    // string (as vLLM's <tool_call>(.*?)</tool_call>): so the head must come before it,
+    // whether the text arrives whole or in pieces.
+    const std::string_view before_end = std::string_view(held_).substr(0, held_.find(kHermesEnd));
+    switch (match_hermes_head(before_end, &name, &head_len)) {
       case HeadMatch::kMatch:
         // The name comes first: start the call and stream its arguments.
         start_call(std::move(name), out);

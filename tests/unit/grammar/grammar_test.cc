@@ -174,6 +174,32 @@ TEST(RegexTest, GrammarsWhosePathsMultiplyAreRefused) {
   EXPECT_NE(refused.status().message().find("too complex"), std::string::npos);
 }
 
+// Nested x+ over any character: the ways to split the input among the levels grow with
+// every byte. The automaton cuts its work (too_complex), and what it still allows is
+// allowed by the grammar.
+TEST(MatcherTest, AmbiguityGrowingWithTheInputIsCutSoundly) {
+  auto g = parse_gbnf("root ::= \"a\" ." + std::string(14, '+') + "? \"b\"");
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  GrammarMatcher m(*g, test_vocab());
+  ASSERT_TRUE(m.accept_bytes("a"));
+  std::vector<uint64_t> mask((test_vocab()->size() + 63) / 64);
+  for (int i = 0; i < 12; ++i) {
+    std::fill(mask.begin(), mask.end(), 0);
+    m.fill_allowed(mask);
+    ASSERT_TRUE(m.accept_bytes("x"));
+  }
+  EXPECT_TRUE(m.automaton().too_complex());
+  std::fill(mask.begin(), mask.end(), 0);
+  m.fill_allowed(mask);
+  const std::shared_ptr<const TokenVocabulary> v = test_vocab();
+  for (int32_t id = 0; id < v->size(); ++id) {
+    if (!((mask[id / 64] >> (id % 64)) & 1)) continue;
+    GrammarMatcher fresh(*g, v);
+    EXPECT_TRUE(fresh.accept_bytes("a" + std::string(12, 'x') + v->bytes(id))) << id;
+  }
+  EXPECT_TRUE(m.accept_bytes("b") && m.is_complete());
+}
+
 TEST(JsonSchemaTest, ObjectsArraysAndRefs) {
   auto g = schema(R"({
     "type": "object",

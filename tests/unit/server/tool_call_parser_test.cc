@@ -141,6 +141,18 @@ TEST(ToolCallParser, IncompleteOrBadCallsAreInvalid) {
   EXPECT_FALSE(collect(ToolCallFormat::kHermes, {"<tool_call>{\"name\": \"f\", \"arg"}).valid);
 }
 
+TEST(ToolCallParser, HermesCallEndsAtTheFirstEndMarker) {
+  // Even inside what would be the name's JSON string: whole or cut anywhere, the call
+  // is the text up to the marker (not a call), and the rest is what follows it.
+  const std::string text =
+      "ok\n<tool_call>\n{\"name\": \"get_we</tool_call>ather\", \"arguments\": {}}\n</tool_call>";
+  const Parsed whole = collect(ToolCallFormat::kHermes, {text});
+  EXPECT_FALSE(whole.valid);
+  ASSERT_EQ(whole.calls.size(), 1u);
+  EXPECT_EQ(whole.calls[0].name, "");
+  check_all_cuts(ToolCallFormat::kHermes, text, whole);
+}
+
 TEST(ToolCallParser, RandomTextNeverBreaksIt) {
   const std::vector<std::string> atoms = {
       "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
