@@ -1,0 +1,89 @@
+"""tools/make_r1_layers.py, the generator of DeepSeek-R1 checkpoints at R1's real widths
+for benchmarks, run at a reduced width (`--self-test`): the same code paths (R1's config
+with the depth and widths replaced, FP8 with 128 x 128 block scales in sharded
+safetensors with an index, R1's tokenizer), checked against transformers.
+
+transformers reads the checkpoint's config and the weights as the test dequantises them
+(fp8 value * scale_inv of its block, computed here, not by the tool or dserve; kv_b_proj
+rounded to BF16, as dserve holds it once split for MLA); dserve loads the tool's files as
+they are. Per-position log-probabilities within 1e-3, expanded and absorbed MLA.
+"""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import content_key, cache_dir
+from test_deepseek_reference import (_dserve_logprobs, _fp8_dequantize, _load, _reference,
+                                     _worst)
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "make_r1_layers.py"
+PROMPT = [0, 3, 17, 128, 1000, 4242, 31337, 77, 100000, 129279, 5, 6, 7, 8, 9, 10]
+
+
+def _checkpoint():
+    """The tool's reduced-width output and transformers' reference, cached by the tool's
+    content."""
+    d = cache_dir() / f"r1-layers-self-test-{content_key(TOOL.read_bytes(), torch.__version__)}"
+    ref_path = d / "reference.json"
+    if not ref_path.exists():
+        subprocess.run([sys.executable, str(TOOL), "--self-test", str(d)], check=True)
+        model = d / "r1-narrow-2l-fp8"
+        index = json.loads((model / "model.safetensors.index.json").read_text())
+        weights = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            weights.update(safetensors_torch.load_file(model / shard))
+        plain = {}
+        for name, t in weights.items():
+            if name.endswith("_scale_inv"):
+                continue
+            if t.dtype == torch.float8_e4m3fn:
+                deq = _fp8_dequantize(t, weights[name + "_scale_inv"])
+                plain[name] = deq.to(torch.bfloat16).float() if "kv_b_proj" in name else deq
+            else:
+                plain[name] = t.float()
+        ref_dir = d / "dequantised"
+        ref_dir.mkdir(exist_ok=True)
+        config = json.loads((model / "config.json").read_text())
+        del config["quantization_config"]
+        (ref_dir / "config.json").write_text(json.dumps(config))
+        safetensors_torch.save_file(plain, ref_dir / "model.safetensors", metadata={"format": "pt"})
+        ref = {"n_fp8": sum(1 for n in weights if n.endswith("_scale_inv")),
+               "n_shards": len(set(index["weight_map"].values())),
+               "logprobs": _reference(_load(ref_dir), PROMPT)["logprobs"]}
+        ref_path.write_text(json.dumps(ref))
+    return d / "r1-narrow-2l-fp8", json.loads(ref_path.read_text())
+
+
+def test_config_is_r1_but_depth_and_widths():
+    sys.path.insert(0, str(TOOL.parent))
+    import make_r1_layers as tool
+    c = tool.config_for(4)
+    # Every key of R1's config.json kept; only these differ.
+    changed = {k for k in tool.R1_CONFIG if c[k] != tool.R1_CONFIG[k]}
+    assert changed == {"num_hidden_layers", "first_k_dense_replace", "num_nextn_predict_layers"}
+    assert (c["hidden_size"], c["n_routed_experts"], c["moe_intermediate_size"]) == (7168, 256, 2048)
+    # The sizes the tool's documentation states: 2 layers about 15.8 GB, each further
+    # MoE layer about 11.5 GB (FP8 bytes plus BF16 embeddings, head and router).
+    def size(layers):
+        total = 0
+        for _, shape, kind in tool.all_shapes(tool.config_for(layers)):
+            n = 1
+            for s in shape:
+                n *= s
+            total += n * (1 if kind == "fp8" else 2)
+        return total / 1e9
+    assert 15.3 < size(2) < 16.3 and 11.0 < size(3) - size(2) < 12.0
+
+
+def test_self_test_checkpoint_against_transformers(dserve_bin, tmp_path):
+    model, ref = _checkpoint()
+    assert ref["n_fp8"] > 50 and ref["n_shards"] > 1
+    for batch in (512, 1):  # expanded and absorbed MLA
+        got = _dserve_logprobs(dserve_bin, model, PROMPT, tmp_path, batch=batch)
+        assert _worst(got, ref["logprobs"]) < 1e-3, batch
