@@ -139,6 +139,56 @@ void bm_contiguous(benchmark::State& state, Case c) {
   set_counters(state, c);
 }
 
+// MLA's absorbed decode (DeepSeek-V3/R1's shape): every head of one token against one
+// latent pool whose whole rows [kv_lora | rope] are the keys and whose first kv_lora
+// values are the values. Reports multiply-accumulates per second (one per query
+// element per key, scores and values) beside the pool bytes read.
+struct MlaCase {
+  int n_seqs, n_ctx, n_heads, latent, v_dim, block_size;
+};
+
+template <typename Elem>
+void bm_mla(benchmark::State& state, MlaCase c, DType dtype) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  const int blocks_per_seq = (c.n_ctx + c.block_size - 1) / c.block_size;
+  std::vector<int32_t> tables(int64_t{c.n_seqs} * blocks_per_seq);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  std::vector<int64_t> offsets;
+  for (int s = 0; s <= c.n_seqs; ++s) offsets.push_back(int64_t{s} * blocks_per_seq);
+  std::vector<Elem> pool(tables.size() * c.block_size * c.latent);
+  for (auto& x : pool) {
+    const float v = dist(rng);
+    if constexpr (sizeof(Elem) == 2) x = f32_to_f16(v);
+    else if constexpr (sizeof(Elem) == 1) x = f32_to_fp8_e4m3(v);
+    else x = v;
+  }
+  std::vector<int32_t> seq_of_token(c.n_seqs), positions(c.n_seqs, c.n_ctx - 1);
+  std::iota(seq_of_token.begin(), seq_of_token.end(), 0);
+  std::vector<float> q(int64_t{c.n_seqs} * c.n_heads * c.latent), out(q.size());
+  for (auto& x : q) x = dist(rng);
+  PagedBatch batch{};
+  batch.n_tokens = c.n_seqs;
+  batch.positions = positions.data();
+  batch.seq_of_token = seq_of_token.data();
+  batch.n_seqs = c.n_seqs;
+  batch.block_tables = tables.data();
+  batch.block_table_offsets = offsets.data();
+  batch.block_size = c.block_size;
+  Backend& b = bench_backend();
+  for (auto _ : state) {
+    b.paged_latent_attention(q.data(), dtype, pool.data(), out.data(), batch, c.n_heads,
+                             c.latent, c.v_dim, 0.05f);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double keys = double(state.iterations()) * c.n_seqs * c.n_ctx;
+  state.SetBytesProcessed(static_cast<int64_t>(keys * c.latent * sizeof(Elem)));
+  state.counters["GMAC/s"] = benchmark::Counter(
+      keys * c.n_heads * (c.latent + c.v_dim) * 1e-9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(bench_backend().name()));
+}
+
 }  // namespace
 }  // namespace dserve
 
@@ -173,6 +223,25 @@ int main(int argc, char** argv) {
           ->UseRealTime()
           // On a shared machine the fastest repetition is the least disturbed one:
           // run with --benchmark_repetitions=N and read the "_min" rows.
+          ->ComputeStatistics("min", min_stat, benchmark::StatisticUnit::kTime);
+    }
+  }
+  // R1: 128 heads, latent 512 + 64, the values the latent's first 512.
+  const std::pair<const char*, MlaCase> mla_cases[] = {
+      {"1x4096", {1, 4096, 128, 576, 512, 16}},
+      {"1x16384", {1, 16384, 128, 576, 512, 16}},
+      {"8x4096", {8, 4096, 128, 576, 512, 16}},
+  };
+  for (const auto& [name, c] : mla_cases) {
+    const std::pair<const char*, void (*)(benchmark::State&, MlaCase, DType)> kinds[] = {
+        {"mla_f16/", [](benchmark::State& s, MlaCase m, DType) { bm_mla<uint16_t>(s, m, DType::kF16); }},
+        {"mla_f8/", [](benchmark::State& s, MlaCase m, DType) { bm_mla<uint8_t>(s, m, DType::kF8_E4M3); }},
+    };
+    for (const auto& [prefix, fn] : kinds) {
+      const std::string full = std::string(prefix) + name;
+      benchmark::RegisterBenchmark(full.c_str(), fn, c, DType::kF16)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime()
           ->ComputeStatistics("min", min_stat, benchmark::StatisticUnit::kTime);
     }
   }

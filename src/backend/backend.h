@@ -281,6 +281,17 @@ class Backend {
                                const void* v_pool, float* out, const PagedBatch& batch,
                                int n_heads, int n_kv_heads, int head_dim, int v_dim,
                                float scale) = 0;
+
+  // MLA's absorbed attention (DeepSeek): one paged latent pool [n_slots, latent_dim] of
+  // kv_dtype, whose whole rows are the keys and whose first v_dim elements the values,
+  // shared by all n_heads query heads. q [n_tokens, n_heads, latent_dim], out
+  // [n_tokens, n_heads, v_dim]. Bit for bit the first v_dim values of each output row
+  // of paged_attention(q, pool, pool, n_heads, 1 kv head, latent_dim, latent_dim), so
+  // causal and batch-invariant as it is; the values' tail (MLA's rope part) is never
+  // read.
+  virtual void paged_latent_attention(const float* q, DType kv_dtype, const void* pool,
+                                      float* out, const PagedBatch& batch, int n_heads,
+                                      int latent_dim, int v_dim, float scale) = 0;
 };
 
 inline void BackendBuffer::reset() {

@@ -688,8 +688,9 @@ void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const flo
 
 // Absorbed MLA, attending in the latent space:
 //   q_abs [n, H, r + rope]: q_abs_h = [q_nope_h · W_UK_h | q_pe_h]
-//   out_lat [n, H, r + rope] = attention(q_abs, latent, latent) with ONE kv head
-//     (the value is the whole cached row; its last rope values are dropped)
+//   out_lat [n, H, out_row] = attention(q_abs, latent, latent) with ONE kv head, the
+//     values the cached rows' first r elements (out_row r), or the whole rows (out_row
+//     r + rope, the rope part then dropped); attend_latent returns out_row
 //   att_h [n, v] = out_lat_h[:, :r] · W_UV_hᵀ
 template <typename LatentAttendFn>
 void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
@@ -723,10 +724,11 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
                                          .dst_stride1 = H * row, .src_stride0 = n * r, .src_stride1 = r});
   backend_.copy_strided(q_abs + r, q + nope,
                         {.n0 = n * H, .len = rope, .dst_stride0 = row, .src_stride0 = qk});
-  attend_latent(q_abs, out_lat);
+  const int64_t out_row = attend_latent(q_abs, out_lat);
   // tmp_in [H, n, r] = out_lat's latent part per head; tmp_out [H, n, v] = · W_UV_hᵀ
   backend_.copy_strided(tmp_in, out_lat, {.n0 = H, .n1 = n, .len = r, .dst_stride0 = n * r,
-                                          .dst_stride1 = r, .src_stride0 = row, .src_stride1 = H * row});
+                                          .dst_stride1 = r, .src_stride0 = out_row,
+                                          .src_stride1 = H * out_row});
   for (int64_t h = 0; h < H; ++h) {
     targets[h] = {&w.w_uv[h], nullptr, tmp_out + h * n * vd};
     groups[h] = {tmp_in + h * n * r, n, &targets[h], 1};
@@ -786,6 +788,7 @@ void DeepseekModel::attention(int layer, int64_t n, int64_t n_kv, MlaKvCache& kv
       backend_.attention(q_abs, latent, latent, out_lat, n, scratch_.batch.positions(), n_kv,
                          static_cast<int>(H), 1, static_cast<int>(row), static_cast<int>(row),
                          c.softmax_scale());
+      return row;
     });
   } else {
     attend_expanded(expanded_kv_b(layer), n, latent, n_kv);
@@ -933,8 +936,10 @@ void DeepseekModel::attention_paged(int layer, int64_t n, const PagedBatch& batc
   // block, rows another sequence of this step writes.
   backend_.kv_store(dtype, pool, row, scratch_.kva.get(), scratch_.batch.slots(), n);
   attend_absorbed(layers_[layer], n, [&](const float* q_abs, float* out_lat) {
-    backend_.paged_attention(q_abs, dtype, pool, pool, out_lat, batch, static_cast<int>(H), 1,
-                             static_cast<int>(row), static_cast<int>(row), c.softmax_scale());
+    backend_.paged_latent_attention(q_abs, dtype, pool, out_lat, batch, static_cast<int>(H),
+                                    static_cast<int>(row), static_cast<int>(c.kv_lora_rank),
+                                    c.softmax_scale());
+    return c.kv_lora_rank;
   });
 }
 

@@ -131,10 +131,18 @@ struct PagedCase {
                     : f8 ? static_cast<const void*>(v_pool8.data())
                          : v_pool.data();
     if (sh.latent) v = k;  // the same pool for MLA
-    backend.paged_attention(sub_q.data(), kv_dtype, k, v, out.data(), batch, sh.n_heads,
-                            sh.n_kv_heads, sh.head_dim, sh.v_dim, scale);
+    if (latent_v_dim > 0) {
+      out.resize(n * sh.n_heads * latent_v_dim);
+      backend.paged_latent_attention(sub_q.data(), kv_dtype, k, out.data(), batch, sh.n_heads,
+                                     sh.head_dim, latent_v_dim, scale);
+    } else {
+      backend.paged_attention(sub_q.data(), kv_dtype, k, v, out.data(), batch, sh.n_heads,
+                              sh.n_kv_heads, sh.head_dim, sh.v_dim, scale);
+    }
     return out;
   }
+  // > 0: run() calls paged_latent_attention with this v_dim (latent cases only).
+  int latent_v_dim = 0;
 };
 
 // Block tables: every sequence gets the blocks it needs, some one spare, all drawn
@@ -285,11 +293,13 @@ TEST_P(PagedAttentionTest, MatchesContiguousAttention) {
 
 // MLA: DeepSeek-V2/V3's absorbed attention reads one latent pool as both keys and
 // values (kv_lora_rank 512 + rope 64 = 576 floats per token; 16 query heads over one
-// latent "head"; small odd-sized latents too), at block sizes 16 and 128.
+// latent "head"; small odd-sized latents too; 40 heads, more than one tile of queries,
+// whose tiles step over the keys together), at block sizes 16 and 128.
 TEST_P(PagedAttentionTest, MlaLatentPool) {
   const std::vector<SeqStep> seqs = {{1, 1}, {40, 1}, {129, 29}, {300, 1}, {17, 17}};
   for (const Shape& sh : {Shape{16, 16, 1, 576, 576, true}, Shape{128, 16, 1, 576, 576, true},
-                          Shape{16, 5, 1, 40, 40, true}, Shape{128, 3, 1, 72, 72, true}}) {
+                          Shape{16, 5, 1, 40, 40, true}, Shape{128, 3, 1, 72, 72, true},
+                          Shape{16, 40, 1, 72, 72, true}}) {
     check_paged_attention(*backend_, sh, seqs, rng_);
     if (HasFatalFailure()) return;
   }
@@ -312,8 +322,8 @@ TEST_P(PagedAttentionTest, LongContextSplitsKeys) {
   for (const std::vector<SeqStep>& seqs :
        {std::vector<SeqStep>{{2000, 1}}, std::vector<SeqStep>{{1200, 2}},
         std::vector<SeqStep>{{700, 1}, {1100, 1}}}) {
-    for (const Shape& sh :
-         {Shape{16, 8, 1, 96, 64}, Shape{128, 9, 3, 64, 64}, Shape{5, 4, 4, 48, 48}}) {
+    for (const Shape& sh : {Shape{16, 8, 1, 96, 64}, Shape{128, 9, 3, 64, 64},
+                            Shape{5, 4, 4, 48, 48}, Shape{16, 34, 1, 40, 24}}) {
       check_paged_attention(*backend_, sh, seqs, rng_);
       if (HasFatalFailure()) return;
     }
@@ -329,7 +339,8 @@ TEST_P(PagedAttentionTest, BatchInvariant) {
   std::unique_ptr<Backend> single = make_backend({GetParam().isa, 1});
   const std::vector<SeqStep> seqs = {{900, 1}, {600, 40}, {300, 1}, {50, 50}, {1300, 1}};
   for (const Shape& sh :
-       {Shape{16, 9, 3, 64, 64}, Shape{128, 8, 1, 96, 64}, Shape{5, 4, 4, 48, 40}}) {
+       {Shape{16, 9, 3, 64, 64}, Shape{128, 8, 1, 96, 64}, Shape{5, 4, 4, 48, 40},
+        Shape{16, 40, 1, 72, 72, true}}) {
     SCOPED_TRACE(shape_name(sh));
     const PagedCase c = make_case(*backend_, sh, seqs, rng_);
     const std::vector<float> all = c.run(*backend_);
@@ -481,7 +492,8 @@ TEST_P(PagedAttentionTest, F16PoolEqualsF32PoolOfTheSameValues) {
   for (const Shape& sh :
        {Shape{16, 9, 3, 64, 64}, Shape{128, 9, 3, 64, 64}, Shape{16, 6, 2, 48, 40},
         Shape{128, 3, 3, 7, 9}, Shape{16, 8, 1, 128, 128}, Shape{16, 16, 1, 576, 576, true},
-        Shape{128, 16, 1, 576, 576, true}, Shape{16, 5, 1, 40, 40, true}}) {
+        Shape{128, 16, 1, 576, 576, true}, Shape{16, 5, 1, 40, 40, true},
+        Shape{16, 40, 1, 576, 576, true}, Shape{16, 34, 1, 40, 24}}) {
     SCOPED_TRACE(shape_name(sh));
     const PagedCase c = make_case(*backend_, sh, seqs, rng_, /*f16=*/true);
     const std::vector<float> want = c.run(*backend_, {}, DType::kF32);
@@ -529,7 +541,8 @@ TEST_P(PagedAttentionTest, F8PoolEqualsF32PoolOfTheSameValues) {
   const std::vector<SeqStep> seqs = {{1, 1}, {6, 6}, {40, 1}, {129, 29}, {300, 1}, {1100, 1}};
   for (const Shape& sh :
        {Shape{16, 9, 3, 64, 64}, Shape{128, 3, 3, 7, 9}, Shape{16, 16, 1, 576, 576, true},
-        Shape{128, 16, 1, 576, 576, true}, Shape{16, 5, 1, 40, 40, true}}) {
+        Shape{128, 16, 1, 576, 576, true}, Shape{16, 5, 1, 40, 40, true},
+        Shape{16, 40, 1, 576, 576, true}, Shape{16, 34, 1, 40, 24}}) {
     SCOPED_TRACE(shape_name(sh));
     PagedCase c = make_case(*backend_, sh, seqs, rng_);
     with_f8(*backend_, &c);
@@ -543,6 +556,33 @@ TEST_P(PagedAttentionTest, F8PoolEqualsF32PoolOfTheSameValues) {
       backend_->kv_gather(DType::kF8_E4M3, c.k_pool8.data(), c.k_row, c.slots[s].data(),
                           seqs[s].n_ctx, k.data());
       ASSERT_EQ(k, c.k_seq[s]);
+    }
+  }
+}
+
+// paged_latent_attention (MLA's values: the first v_dim of each latent row) gives bit
+// for bit the first v_dim values of paged_attention over the pool as keys and values,
+// in every pool dtype, for query tiles of one and several groups, split or not.
+TEST_P(PagedAttentionTest, LatentAttentionIsPagedAttentionsFirstValues) {
+  const std::vector<SeqStep> seqs = {{1, 1}, {40, 1}, {129, 29}, {1100, 1}, {17, 17}};
+  for (const Shape& sh : {Shape{16, 16, 1, 576, 576, true}, Shape{16, 40, 1, 72, 72, true},
+                          Shape{128, 128, 1, 72, 72, true}, Shape{5, 3, 1, 40, 40, true}}) {
+    SCOPED_TRACE(shape_name(sh));
+    PagedCase c = make_case(*backend_, sh, seqs, rng_, /*f16=*/true);
+    const int v_dim = sh.head_dim * 8 / 9;  // 512 of 576, as kv_lora of a DeepSeek row
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kF8_E4M3}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)));
+      if (dtype == DType::kF8_E4M3) with_f8(*backend_, &c);
+      c.latent_v_dim = 0;
+      const std::vector<float> full = c.run(*backend_, {}, dtype);
+      c.latent_v_dim = v_dim;
+      const std::vector<float> part = c.run(*backend_, {}, dtype);
+      for (int64_t row = 0; row < c.n_tokens() * sh.n_heads; ++row) {
+        ASSERT_EQ(std::memcmp(part.data() + row * v_dim, full.data() + row * sh.head_dim,
+                              v_dim * sizeof(float)),
+                  0)
+            << "row " << row;
+      }
     }
   }
 }

@@ -205,6 +205,21 @@ class CheckingBackend final : public Backend {
     inner_->paged_attention(q, kv_dtype, k_pool, v_pool, out, batch, n_heads, n_kv_heads, head_dim,
                             v_dim, scale);
   }
+  void paged_latent_attention(const float* q, DType kv_dtype, const void* pool, float* out,
+                              const PagedBatch& batch, int n_heads, int latent_dim, int v_dim,
+                              float scale) override {
+    const char* op = "paged_latent_attention";
+    check(q, batch.n_tokens * n_heads * latent_dim * sizeof(float), op);
+    check(pool, 0, op);
+    check(out, batch.n_tokens * n_heads * v_dim * sizeof(float), op);
+    check(batch.positions, batch.n_tokens * sizeof(int32_t), op);
+    check(batch.seq_of_token, batch.n_tokens * sizeof(int32_t), op);
+    check(batch.block_tables, 0, op);
+    check(batch.block_table_offsets, (batch.n_seqs + 1) * sizeof(int64_t), op);
+    Open open(*this);
+    inner_->paged_latent_attention(q, kv_dtype, pool, out, batch, n_heads, latent_dim, v_dim,
+                                   scale);
+  }
   void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& routing, int32_t* ids,
                  float* weights) override {
     check(logits, n_tokens * routing.n_experts * sizeof(float), "moe_route");

@@ -72,6 +72,9 @@ class CpuBackend final : public Backend {
   void paged_attention(const float* q, DType kv_dtype, const void* k_pool, const void* v_pool,
                        float* out, const PagedBatch& batch, int n_heads, int n_kv_heads,
                        int head_dim, int v_dim, float scale) override;
+  void paged_latent_attention(const float* q, DType kv_dtype, const void* pool, float* out,
+                              const PagedBatch& batch, int n_heads, int latent_dim, int v_dim,
+                              float scale) override;
 
  private:
   // A float copy of a small vector parameter (norm weight, bias) in any float dtype;
@@ -121,7 +124,12 @@ class CpuBackend final : public Backend {
   // paged_attention's steps, in paged_attention.cc, which defines PagedAttentionCall:
   // one call's inputs, shapes and tiles.
   struct PagedAttentionCall;
-  void run_tile_tasks(const PagedAttentionCall& call);
+  // paged_attention with the pools' strides (elements between slots) given.
+  void run_paged_attention(const float* q, DType kv_dtype, const void* k_pool, const void* v_pool,
+                           float* out, const PagedBatch& batch, int n_heads, int n_kv_heads,
+                           int head_dim, int v_dim, int64_t k_stride, int64_t v_stride,
+                           float scale);
+  void run_group_tasks(const PagedAttentionCall& call);
   void run_split_tasks(const PagedAttentionCall& call, int64_t n_splits, float* partials);
 
   // A paged_attention tile: tokens [t0, t0 + n_tokens) of the batch (one sequence)

@@ -295,6 +295,8 @@ struct KernelTable {
   // tensor/half.h, bit for bit on every level), and back exactly.
   void (*f32_to_f16_row)(const float* x, uint16_t* out, int64_t n);
   void (*f16_to_f32_row)(const uint16_t* x, float* out, int64_t n);
+  // And the FP8 cache's rows (float8_e4m3fn) to floats, exactly (as the steps' loads).
+  void (*f8_to_f32_row)(const KvF8* x, float* out, int64_t n);
 };
 
 const KernelTable& kernels_scalar();

@@ -775,6 +775,12 @@ inline float load_kv1(const KvF8* p) {
   return vgetq_lane_f32(vcvt_f32_f16(kv_f8x4_to_f16(p->bits)), 0) * 256.0f;
 }
 
+void f8_to_f32_row_neon(const KvF8* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(out + i, load_kv4(x + i));
+  for (; i < n; ++i) out[i] = load_kv1(x + i);
+}
+
 // q . k over n elements: two FMA chains, a fixed reduction, the tail fused in order.
 template <typename Elem>
 inline float dot_kv(const float* q, const Elem* k, int n) {
@@ -961,6 +967,7 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.attn_step_f8 = attn_step_neon<KvF8>;
   t.f32_to_f16_row = f32_to_f16_row_neon;
   t.f16_to_f32_row = f16_to_f32_row_neon;
+  t.f8_to_f32_row = f8_to_f32_row_neon;
   return t;
 }
 

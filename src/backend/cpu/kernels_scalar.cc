@@ -360,6 +360,10 @@ void f16_to_f32_row(const uint16_t* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(x[i]);
 }
 
+void f8_to_f32_row(const KvF8* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = fp8_e4m3_to_f32(x[i].bits);
+}
+
 KernelTable make_table() {
   KernelTable t{};
   t.isa = CpuIsa::kScalar;
@@ -389,6 +393,7 @@ KernelTable make_table() {
   t.attn_step_f8 = attn_step<KvF8>;
   t.f32_to_f16_row = f32_to_f16_row;
   t.f16_to_f32_row = f16_to_f32_row;
+  t.f8_to_f32_row = f8_to_f32_row;
   return t;
 }
 

@@ -855,6 +855,12 @@ inline float load_kv1(const KvF8* p) {
   return _cvtsh_ss(static_cast<uint16_t>(_mm_extract_epi16(kv_f8_to_f16(_mm_cvtsi32_si128(p->bits)), 0))) *
          256.0f;
 }
+void f8_to_f32_row_x86(const KvF8* x, float* out, int64_t n) {
+  constexpr int W = VecF::kWidth;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) VecF::store(out + i, load_kv(x + i));
+  for (; i < n; ++i) out[i] = load_kv1(x + i);
+}
 // a * b + c rounded once. The scalar tails below spell out their fused multiply-adds:
 // left to contraction, the compiler may fuse a different product of a sum in the
 // float and the half instantiation, and the two would round differently.
@@ -870,10 +876,10 @@ inline VecF::T in_register(VecF::T v) {
 
 // Queries per register tile of the attention step: every K and V vector loaded (and,
 // for halves, converted) is used by this many queries before the next is loaded. With
-// AVX-512 a tile of scores is 4 queries x 4 keys accumulators, with AVX2 2 x 4 (16
-// vector registers).
+// AVX-512 a tile of scores is 6 queries x 4 keys accumulators (of 32 vector
+// registers; MLA's 16-head tiles run as 6 + 6 + 4), with AVX2 2 x 4 (of 16).
 #if defined(__AVX512F__)
-constexpr int kAttnQueries = 4;
+constexpr int kAttnQueries = 6;
 #else
 constexpr int kAttnQueries = 2;
 #endif
@@ -1037,11 +1043,13 @@ void attn_step_x86(const AttnStepArgs& a) {
 #if defined(__AVX512F__)
       case 3: attn_tile_x86<Elem, 3>(a, qi); break;
       case 4: attn_tile_x86<Elem, 4>(a, qi); break;
+      case 5: attn_tile_x86<Elem, 5>(a, qi); break;
+      case 6: attn_tile_x86<Elem, 6>(a, qi); break;
 #endif
     }
     nb = 0;
   };
-  static_assert(kAttnQueries == 4 || kAttnQueries == 2, "see the switch above");
+  static_assert(kAttnQueries == 6 || kAttnQueries == 2, "see the switch above");
   for (int i = 0; i < a.n_q; ++i) {
     if (a.n_visible[i] <= 0) continue;  // no key of this step: state unchanged
     qi[nb++] = i;
@@ -1077,6 +1085,7 @@ KernelTable make_x86_table(CpuIsa isa) {
   t.attn_step_f8 = attn_step_x86<KvF8>;
   t.f32_to_f16_row = f32_to_f16_row_x86;
   t.f16_to_f32_row = f16_to_f32_row_x86;
+  t.f8_to_f32_row = f8_to_f32_row_x86;
   return t;
 }
 

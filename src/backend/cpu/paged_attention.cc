@@ -8,11 +8,16 @@
 // gives the same bits as an F32 pool holding the same values.
 //
 // paged_attention: one pass over the keys with an online softmax, no gather copy.
-// A tile is a set of queries that share a KV head (the GQA group of a decode token,
-// or a few consecutive tokens of a prefill chunk times their group). A tile walks its
-// sequence's block table and hands each run of consecutive slots to the kernel
-// table's attn_step_f32 / attn_step_f16 (kernels.h), so each K/V row is read from
-// memory once per tile.
+// A tile is a set of up to 16 queries that share a KV head (the GQA group of a decode
+// token, or a few consecutive tokens of a prefill chunk times their group). The tiles
+// of one KV head and run of tokens (a group: one tile for Llama's GQA, eight for
+// DeepSeek's 128 heads over one latent) walk their sequence's block table together and
+// hand each run of consecutive slots to the kernel table's attn_step_f32 / _f16 / _f8
+// (kernels.h) for each tile in turn, so each K/V row is read from memory once per
+// group; a group of several tiles converts a step's F16 / F8 rows to floats once and
+// runs the float step on them (the same bits: the converting steps convert exactly).
+// paged_latent_attention is the same over MLA's latent pool, the values only the
+// first v_dim of each row.
 //
 // Batch invariance: a token's output is bit-for-bit the same whatever else is in the
 // batch and however many threads run it (the engine relies on this: a request gives
@@ -191,14 +196,17 @@ void CpuBackend::kv_gather(DType kv_dtype, const void* pool, int64_t row, const 
   }
 }
 
-// One paged_attention call: its inputs and shapes, its tiles, and the work on one tile.
+// One paged_attention call: its inputs and shapes, its tiles, and the work on one
+// group of tiles.
 struct CpuBackend::PagedAttentionCall {
+  const KernelTable& kernels;
   const float* q;       // [n_tokens, n_heads, head_dim]
-  const char* k_pool;   // [n_slots, n_kv_heads, head_dim] elements of the KV dtype
-  const char* v_pool;   // [n_slots, n_kv_heads, v_dim]
+  const char* k_pool;   // [n_slots, k_stride] elements of the KV dtype
+  const char* v_pool;   // [n_slots, v_stride]
   float* out;           // [n_tokens, n_heads, v_dim]
   const PagedBatch& batch;
   void (*attn_step)(const AttnStepArgs&);  // the kernel for the KV dtype
+  void (*to_f32_row)(const char* x, float* out, int64_t n, const KernelTable& k);  // or null
   int64_t elem;                            // bytes of a KV element
   int n_heads, n_kv_heads, group, head_dim, v_dim;
   float scale;
@@ -209,36 +217,33 @@ struct CpuBackend::PagedAttentionCall {
   int64_t longest = 0;  // the most keys any tile reads
 
   // Tiles: a run of up to max_run consecutive batch tokens of one sequence times up to
-  // kMaxQueries / run heads of one KV group.
+  // kMaxQueries / run heads of one KV group. A group of tiles: those of one run of
+  // tokens and one KV head (consecutive in tiles), which read the same K/V rows.
   int heads_per_tile() const { return std::min(group, kMaxQueries); }
-  int64_t max_tiles() const {
-    const int64_t head_chunks = (group + heads_per_tile() - 1) / heads_per_tile();
-    return batch.n_tokens * n_kv_heads * head_chunks;
-  }
+  int64_t tiles_per_group() const { return (group + heads_per_tile() - 1) / heads_per_tile(); }
+  int64_t max_tiles() const { return batch.n_tokens * n_kv_heads * tiles_per_group(); }
+  int64_t n_groups() const { return n_tiles / tiles_per_group(); }
   // Fills tiles (storage: max_tiles() of them), n_tiles and longest.
   void plan_tiles(Tile* storage);
 
-  // attn_step's arguments for n_q queries folding into st; the keys (k, v, n_keys) and
-  // n_visible's values are the step's, set before each call.
-  [[gnu::always_inline]] AttnStepArgs step_args(const float* const* q_rows,
-                                                const int64_t* n_visible, int n_q,
-                                                const SoftmaxState& st, float* scores) const {
-    AttnStepArgs args{};
-    args.q = q_rows;
-    args.n_visible = n_visible;
-    args.n_q = n_q;
-    args.k_stride = k_stride;
-    args.v_stride = v_stride;
-    args.head_dim = head_dim;
-    args.v_dim = v_dim;
-    args.scale = scale;
-    args.m = st.m;
-    args.l = st.l;
-    args.acc = st.acc;
-    args.scores = scores;
-    return args;
+  // Whether a group's steps convert their K/V rows to floats once for all its tiles
+  // (and run the float step on them) rather than each tile converting as it loads.
+  // The float step on exactly converted rows gives the converting step's bits.
+  bool converts() const { return to_f32_row != nullptr && tiles_per_group() > 1; }
+  // Values read from the keys' own converted rows: MLA's latent pool, keys and values
+  // one row.
+  bool values_in_keys() const {
+    return k_pool == v_pool && k_stride == v_stride && n_kv_heads == 1 && v_dim <= head_dim;
   }
-  void run_split(const Tile& tile, int64_t split, const SoftmaxState& st, float* scores) const;
+  // Floats of per-thread scratch: the scores of one step and, when converting, the
+  // step's rows.
+  int64_t scratch_floats() const {
+    if (!converts()) return kScoreFloats;
+    return kScoreFloats + kKeyStep * (head_dim + (values_in_keys() ? 0 : v_dim));
+  }
+
+  void run_group_split(int64_t g, int64_t split, float* states, int64_t state_stride,
+                       float* scratch) const;
   [[gnu::always_inline]] void finish(const Tile& tile, const SoftmaxState& st) const;
 };
 
@@ -264,29 +269,31 @@ void CpuBackend::PagedAttentionCall::plan_tiles(Tile* storage) {
   }
 }
 
-// Runs split `split` of `tile` into `st` (cleared first); scores: [kScoreFloats] scratch.
+// Runs split `split` of the tiles of group g into states (one SoftmaxState per tile,
+// state_stride floats apart; cleared first); scratch: scratch_floats(). Every tile takes the
+// same steps over the same rows in the same order as it would alone, so its bits do
+// not depend on its group.
 // The key loop stays in this function: moved to an always_inline helper, GCC 12 -O3
 // dropped prefetch_rows' prefetches.
-void CpuBackend::PagedAttentionCall::run_split(const Tile& tile, int64_t split,
-                                               const SoftmaxState& st, float* scores) const {
-  const int kvh = tile.h0 / group;
-  const int n_q = tile.n_tokens * tile.n_heads;
-  st.clear(n_q);
+void CpuBackend::PagedAttentionCall::run_group_split(int64_t g, int64_t split, float* states,
+                                                     int64_t state_stride,
+                                                     float* scratch) const {
+  const int64_t n_group_tiles = tiles_per_group();
+  const Tile* gt = tiles + g * n_group_tiles;
+  for (int64_t ti = 0; ti < n_group_tiles; ++ti) {
+    SoftmaxState::at(states + ti * state_stride, v_dim).clear(gt[ti].n_tokens * gt[ti].n_heads);
+  }
   const int64_t begin = split * kSplitKeys;
-  const int64_t end = std::min(begin + kSplitKeys, tile.max_ctx);
+  const int64_t end = std::min(begin + kSplitKeys, gt[0].max_ctx);
   if (begin >= end) return;
+  const int kvh = gt[0].h0 / group;
   const int64_t bs = batch.block_size;
   const int32_t* table =
-      batch.block_tables + batch.block_table_offsets[batch.seq_of_token[tile.t0]];
-  const float* q_rows[kMaxQueries];  // query i: token t0 + i / n_heads, head h0 + i % n_heads
-  int64_t n_visible[kMaxQueries];    // keys of the current step query i sees
-  int64_t n_ctx[kMaxQueries];        // query i sees positions 0..n_ctx - 1
-  for (int i = 0; i < n_q; ++i) {
-    const int64_t t = tile.t0 + i / tile.n_heads;
-    q_rows[i] = q + (t * n_heads + tile.h0 + i % tile.n_heads) * head_dim;
-    n_ctx[i] = int64_t{batch.positions[t]} + 1;
-  }
-  AttnStepArgs args = step_args(q_rows, n_visible, n_q, st, scores);
+      batch.block_tables + batch.block_table_offsets[batch.seq_of_token[gt[0].t0]];
+  float* scores = scratch;
+  float* k_rows = scratch + kScoreFloats;  // converted rows [kKeyStep, head_dim]
+  float* v_rows = values_in_keys() ? k_rows : k_rows + kKeyStep * head_dim;
+  const bool convert = converts();
 
   // Steps end at block boundaries, every kKeyStep keys inside a block, and at `end`
   // (which cuts only the last step of the tile's last query; the kernel cuts the
@@ -300,6 +307,8 @@ void CpuBackend::PagedAttentionCall::run_split(const Tile& tile, int64_t split,
   // This KV head's part of slot 0, in bytes (elements of kv_dtype).
   const char* k_head = k_pool + int64_t{kvh} * head_dim * elem;
   const char* v_head = v_pool + int64_t{kvh} * v_dim * elem;
+  const float* q_rows[kMaxQueries];  // query i: token t0 + i / n_heads, head h0 + i % n_heads
+  int64_t n_visible[kMaxQueries];    // keys of the current step query i sees
   int64_t slot = 0;
   int64_t n_keys = step_at(begin, &slot);
   for (int64_t p0 = begin; p0 < end;) {
@@ -309,14 +318,55 @@ void CpuBackend::PagedAttentionCall::run_split(const Tile& tile, int64_t split,
       next_n_keys = step_at(p1, &next_slot);
       prefetch_rows(k_head + next_slot * k_stride * elem, k_stride * elem, head_dim * elem,
                     next_n_keys);
-      prefetch_rows(v_head + next_slot * v_stride * elem, v_stride * elem, v_dim * elem,
-                    next_n_keys);
+      if (!values_in_keys()) {
+        prefetch_rows(v_head + next_slot * v_stride * elem, v_stride * elem, v_dim * elem,
+                      next_n_keys);
+      }
     }
-    for (int i = 0; i < n_q; ++i) n_visible[i] = n_ctx[i] - p0;
-    args.k = k_head + slot * k_stride * elem;
-    args.v = v_head + slot * v_stride * elem;
+    AttnStepArgs args{};
+    args.q = q_rows;
+    args.n_visible = n_visible;
     args.n_keys = n_keys;
-    attn_step(args);
+    args.head_dim = head_dim;
+    args.v_dim = v_dim;
+    args.scale = scale;
+    args.scores = scores;
+    void (*step)(const AttnStepArgs&) = attn_step;
+    const char* k_src = k_head + slot * k_stride * elem;
+    const char* v_src = v_head + slot * v_stride * elem;
+    if (convert) {
+      for (int64_t j = 0; j < n_keys; ++j) {
+        to_f32_row(k_src + j * k_stride * elem, k_rows + j * head_dim, head_dim, kernels);
+        if (!values_in_keys()) {
+          to_f32_row(v_src + j * v_stride * elem, v_rows + j * v_dim, v_dim, kernels);
+        }
+      }
+      step = kernels.attn_step_f32;
+      args.k = k_rows;
+      args.v = v_rows;
+      args.k_stride = head_dim;
+      args.v_stride = values_in_keys() ? head_dim : v_dim;
+    } else {
+      args.k = k_src;
+      args.v = v_src;
+      args.k_stride = k_stride;
+      args.v_stride = v_stride;
+    }
+    for (int64_t ti = 0; ti < n_group_tiles; ++ti) {
+      const Tile& tile = gt[ti];
+      const int n_q = tile.n_tokens * tile.n_heads;
+      for (int i = 0; i < n_q; ++i) {
+        const int64_t t = tile.t0 + i / tile.n_heads;
+        q_rows[i] = q + (t * n_heads + tile.h0 + i % tile.n_heads) * head_dim;
+        n_visible[i] = int64_t{batch.positions[t]} + 1 - p0;
+      }
+      const SoftmaxState st = SoftmaxState::at(states + ti * state_stride, v_dim);
+      args.n_q = n_q;
+      args.m = st.m;
+      args.l = st.l;
+      args.acc = st.acc;
+      step(args);
+    }
     p0 = p1;
     slot = next_slot;
     n_keys = next_n_keys;
@@ -336,85 +386,130 @@ inline void CpuBackend::PagedAttentionCall::finish(const Tile& tile,
   }
 }
 
+namespace {
+
+// Row conversions to floats for a group's shared steps, per KV dtype.
+void f16_rows(const char* x, float* out, int64_t n, const KernelTable& k) {
+  k.f16_to_f32_row(reinterpret_cast<const uint16_t*>(x), out, n);
+}
+void f8_rows(const char* x, float* out, int64_t n, const KernelTable& k) {
+  k.f8_to_f32_row(reinterpret_cast<const KvF8*>(x), out, n);
+}
+
+}  // namespace
+
 void CpuBackend::paged_attention(const float* q, DType kv_dtype, const void* k_pool,
                                  const void* v_pool, float* out, const PagedBatch& batch,
                                  int n_heads, int n_kv_heads, int head_dim, int v_dim,
                                  float scale) {
-  const int64_t elem = kv_elem_bytes(kv_dtype);
   DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  run_paged_attention(q, kv_dtype, k_pool, v_pool, out, batch, n_heads, n_kv_heads, head_dim,
+                      v_dim, int64_t{n_kv_heads} * head_dim, int64_t{n_kv_heads} * v_dim, scale);
+}
+
+void CpuBackend::paged_latent_attention(const float* q, DType kv_dtype, const void* pool,
+                                        float* out, const PagedBatch& batch, int n_heads,
+                                        int latent_dim, int v_dim, float scale) {
+  DS_CHECK(n_heads > 0 && v_dim > 0 && v_dim <= latent_dim);
+  run_paged_attention(q, kv_dtype, pool, pool, out, batch, n_heads, 1, latent_dim, v_dim,
+                      latent_dim, latent_dim, scale);
+}
+
+void CpuBackend::run_paged_attention(const float* q, DType kv_dtype, const void* k_pool,
+                                     const void* v_pool, float* out, const PagedBatch& batch,
+                                     int n_heads, int n_kv_heads, int head_dim, int v_dim,
+                                     int64_t k_stride, int64_t v_stride, float scale) {
   check_paged_batch(batch);
   if (batch.n_tokens == 0) return;
   PagedAttentionCall call{
+      .kernels = kernels_,
       .q = q,
       .k_pool = static_cast<const char*>(k_pool),
       .v_pool = static_cast<const char*>(v_pool),
       .out = out,
       .batch = batch,
-      .attn_step = kv_dtype == DType::kF16     ? kernels_.attn_step_f16
+      .attn_step = kv_dtype == DType::kF16       ? kernels_.attn_step_f16
                    : kv_dtype == DType::kF8_E4M3 ? kernels_.attn_step_f8
                                                  : kernels_.attn_step_f32,
-      .elem = elem,
+      .to_f32_row = kv_dtype == DType::kF16       ? f16_rows
+                    : kv_dtype == DType::kF8_E4M3 ? f8_rows
+                                                  : nullptr,
+      .elem = kv_elem_bytes(kv_dtype),
       .n_heads = n_heads,
       .n_kv_heads = n_kv_heads,
       .group = n_heads / n_kv_heads,
       .head_dim = head_dim,
       .v_dim = v_dim,
       .scale = scale,
-      .k_stride = int64_t{n_kv_heads} * head_dim,
-      .v_stride = int64_t{n_kv_heads} * v_dim,
+      .k_stride = k_stride,
+      .v_stride = v_stride,
       .state_floats = SoftmaxState::floats(v_dim),
   };
   call.plan_tiles(tiles_.get_as<Tile>(call.max_tiles()));
 
-  // Schedule: one task per tile, or, when that leaves threads idle and the contexts
-  // are long, one task per (tile, split) and a merge pass.
+
+  // Schedule: one task per group of tiles, or, when that leaves threads idle and the
+  // contexts are long, one task per (group, split) and a merge pass.
   const int64_t n_splits = (call.longest + kSplitKeys - 1) / kSplitKeys;
-  const bool split_tasks = n_splits > 1 && call.n_tiles < 2 * int64_t{pool_.n_threads()} &&
+  const bool split_tasks = n_splits > 1 && call.n_groups() < 2 * int64_t{pool_.n_threads()} &&
                            call.n_tiles * n_splits * call.state_floats <= kMaxPartialFloats;
-  // Per thread: two states (running and split) and the scores of one step.
-  for (auto& buf : per_thread_) buf.get((2 * call.state_floats + kScoreFloats) * sizeof(float));
+  // Per thread: two states per tile of a group (running and split) and the step's
+  // scratch.
+  const int64_t per_thread = 2 * call.tiles_per_group() * call.state_floats + call.scratch_floats();
+  for (auto& buf : per_thread_) buf.get(per_thread * sizeof(float));
   if (split_tasks) {
     run_split_tasks(call, n_splits,
                     partials_.get_as<float>(call.n_tiles * n_splits * call.state_floats));
   } else {
-    run_tile_tasks(call);
+    run_group_tasks(call);
   }
 }
 
-// One task per tile: its splits in order, each folded into the running state.
-void CpuBackend::run_tile_tasks(const PagedAttentionCall& call) {
+// One task per group: its splits in order, each tile's folded into its running state.
+void CpuBackend::run_group_tasks(const PagedAttentionCall& call) {
   const int64_t state_floats = call.state_floats;
+  const int64_t per_group = call.tiles_per_group();
   const int v_dim = call.v_dim;
-  pool_.run(call.n_tiles, [&](int64_t ti, int thread) {
-    const Tile& tile = call.tiles[ti];
-    const int n_q = tile.n_tokens * tile.n_heads;
-    float* scratch = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
-    const SoftmaxState total = SoftmaxState::at(scratch, v_dim);
-    const SoftmaxState part = SoftmaxState::at(scratch + state_floats, v_dim);
-    if (tile.max_ctx <= kSplitKeys) {  // one split: folding it into a cleared state
-      call.run_split(tile, 0, total, scratch + 2 * state_floats);  // would copy it exactly
-      call.finish(tile, total);
-      return;
+  pool_.run(call.n_groups(), [&](int64_t g, int thread) {
+    float* base = per_thread_[thread].get_as<float>(2 * per_group * state_floats +
+                                                    call.scratch_floats());
+    float* totals = base;                                // [per_group] running states
+    float* parts = base + per_group * state_floats;      // [per_group] split states
+    float* scratch = base + 2 * per_group * state_floats;
+    const Tile* gt = call.tiles + g * per_group;
+    if (gt[0].max_ctx <= kSplitKeys) {  // one split: folding it into a cleared state
+      call.run_group_split(g, 0, totals, state_floats, scratch);  // would copy it exactly
+    } else {
+      for (int64_t ti = 0; ti < per_group; ++ti) {
+        SoftmaxState::at(totals + ti * state_floats, v_dim).clear(gt[ti].n_tokens * gt[ti].n_heads);
+      }
+      for (int64_t sp = 0; sp * kSplitKeys < gt[0].max_ctx; ++sp) {
+        call.run_group_split(g, sp, parts, state_floats, scratch);
+        for (int64_t ti = 0; ti < per_group; ++ti) {
+          SoftmaxState::at(totals + ti * state_floats, v_dim)
+              .fold(SoftmaxState::at(parts + ti * state_floats, v_dim),
+                    gt[ti].n_tokens * gt[ti].n_heads, kernels_);
+        }
+      }
     }
-    total.clear(n_q);
-    for (int64_t sp = 0; sp * kSplitKeys < tile.max_ctx; ++sp) {
-      call.run_split(tile, sp, part, scratch + 2 * state_floats);
-      total.fold(part, n_q, kernels_);
+    for (int64_t ti = 0; ti < per_group; ++ti) {
+      call.finish(gt[ti], SoftmaxState::at(totals + ti * state_floats, v_dim));
     }
-    call.finish(tile, total);
   });
 }
 
-// One task per (tile, split), each into its own state in partials
-// ([n_tiles * n_splits, state_floats]), then a pass that folds each tile's in order.
+// One task per (group, split), each tile's state in partials ([n_tiles, n_splits,
+// state_floats]), then a pass that folds each tile's in order.
 void CpuBackend::run_split_tasks(const PagedAttentionCall& call, int64_t n_splits,
                                  float* partials) {
   const int64_t state_floats = call.state_floats;
+  const int64_t per_group = call.tiles_per_group();
   const int v_dim = call.v_dim;
-  pool_.run(call.n_tiles * n_splits, [&](int64_t task, int thread) {
-    float* scores = per_thread_[thread].get_as<float>(2 * state_floats + kScoreFloats);
-    call.run_split(call.tiles[task / n_splits], task % n_splits,
-                   SoftmaxState::at(partials + task * state_floats, v_dim), scores);
+  pool_.run(call.n_groups() * n_splits, [&](int64_t task, int thread) {
+    const int64_t g = task / n_splits, sp = task % n_splits;
+    float* scratch = per_thread_[thread].get_as<float>(call.scratch_floats());
+    call.run_group_split(g, sp, partials + (g * per_group * n_splits + sp) * state_floats,
+                         n_splits * state_floats, scratch);
   });
   pool_.run(call.n_tiles, [&](int64_t ti, int thread) {
     const Tile& tile = call.tiles[ti];
