@@ -4,7 +4,8 @@
 #   $DSERVE_CACHE/llamacpp/<version>/build/bin/
 # For side-by-side benchmarks only (make bench-compare); never part of make test.
 # Built for this machine (GGML_NATIVE), as a user of llama.cpp would build it.
-#   tools/llamacpp_build.sh   -> prints the bin directory
+#   tools/llamacpp_build.sh         -> prints the bin directory
+#   tools/llamacpp_build.sh --src   -> only unpacks the source (its converter); prints it
 set -euo pipefail
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 CACHE=${DSERVE_CACHE:-$HOME/.cache/dserve}
@@ -24,6 +25,10 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
   tar xzf "$SDIST" -C "$ROOT/unpack"
   rm -rf "$SRC" && mv "$ROOT/unpack/llama_cpp_python-$VERSION/vendor/llama.cpp" "$SRC"
   rm -rf "$ROOT/unpack"
+fi
+if [ "${1:-}" = "--src" ]; then
+  echo "$SRC"
+  exit 0
 fi
 # build DIR CMAKE_FLAGS...: llama-bench, llama-server and llama-quantize into DIR.
 build() {

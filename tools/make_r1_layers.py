@@ -14,10 +14,11 @@ float32 router bias, in shards of about 2 GB with an index. Sizes: 2 layers 15.8
 
 Formats (--formats, comma-separated; each cached, made once):
   fp8     the checkpoint above                                      <out>/r1-<N>l-fp8/
-  q8_0    llama.cpp's converter (convert_hf_to_gguf.py, which reads DeepSeek's FP8)
-          straight to Q8_0                                          <out>/r1-<N>l.Q8_0.gguf
+  q8_0    Q8_0 GGUF: llama.cpp's converter (convert_hf_to_gguf.py) writes the metadata,
+          the tensors go under its names and layouts, quantised with the gguf package
+          one piece at a time                                       <out>/r1-<N>l.Q8_0.gguf
   q4_k_m  llama-quantize --allow-requantize from the Q8_0 file      <out>/r1-<N>l.Q4_K_M.gguf
-The GGUF formats need llama.cpp (tools/llamacpp_build.sh builds it into the cache).
+The GGUF formats use llama.cpp's source, Q4_K_M its build (tools/llamacpp_build.sh).
 
   .venv/bin/python tools/make_r1_layers.py --layers 2 --formats fp8,q8_0
   .venv/bin/python tools/make_r1_layers.py --self-test OUT_DIR
@@ -196,21 +197,157 @@ def write_fp8_checkpoint(d, c, shard_bytes=SHARD_BYTES, seed=0):
     tmp.rename(d)
 
 
-def llama_cpp_paths():
-    root = pathlib.Path(os.environ.get("DSERVE_CACHE", pathlib.Path.home() / ".cache" / "dserve"))
-    out = subprocess.run([str(pathlib.Path(__file__).parent / "llamacpp_build.sh")],
+def llama_cpp(*args):
+    """llama.cpp's source (--src) or its built bin directory, from tools/llamacpp_build.sh."""
+    out = subprocess.run([str(pathlib.Path(__file__).parent / "llamacpp_build.sh"), *args],
                          check=True, capture_output=True, text=True).stdout.strip()
-    version = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
-    return root / "llamacpp" / version / "src", pathlib.Path(out)
+    return pathlib.Path(out)
+
+
+class Checkpoint:
+    """The FP8 checkpoint's tensors by name, FP8 ones dequantised (value * its block's
+    scale_inv) to float32."""
+
+    def __init__(self, d):
+        from safetensors import safe_open
+        index = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+        self.files = {f: safe_open(d / f, framework="pt") for f in set(index.values())}
+        self.index = index
+
+    def get(self, name):
+        t = self.files[self.index[name]].get_tensor(name)
+        if t.dtype != torch.float8_e4m3fn:
+            return t.float()
+        s = self.files[self.index[name + "_scale_inv"]].get_tensor(name + "_scale_inv")
+        n, k = t.shape
+        s = s.repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+        return t.float() * s
+
+
+def gguf_tensors(c):
+    """(GGUF name, numpy shape, quantised?, producer of its float32 rows in pieces) for
+    every tensor, named and laid out as llama.cpp's converter writes DeepSeek-V3 (kv_b
+    split into attn_k_b, transposed, and attn_v_b; experts stacked; router in F32)."""
+    H, nope, v, r = (c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"],
+                     c["kv_lora_rank"])
+    E = c["n_routed_experts"]
+
+    def whole(hf):
+        return lambda ck: [ck.get(hf)]
+
+    def rows_of(hf, step=16384):
+        def f(ck):
+            t = ck.files[ck.index[hf]].get_slice(hf)
+            n = t.get_shape()[0]
+            for i in range(0, n, step):
+                yield t[i:i + step].float()
+        return f
+
+    def kv_b(hf, part):
+        def f(ck):
+            kv = ck.get(hf).view(H, nope + v, r)
+            if part == "k":
+                yield kv[:, :nope, :].transpose(1, 2).contiguous()  # [H, r, nope]
+            else:
+                yield kv[:, nope:, :].contiguous()  # [H, v, r]
+        return f
+
+    def experts(prefix, proj):
+        return lambda ck: (ck.get(f"{prefix}.experts.{e}.{proj}.weight") for e in range(E))
+
+    h = c["hidden_size"]
+    yield "token_embd.weight", (c["vocab_size"], h), True, rows_of("model.embed_tokens.weight")
+    for layer in range(c["num_hidden_layers"]):
+        p, b = f"model.layers.{layer}.", f"blk.{layer}."
+        a = p + "self_attn."
+        yield b + "attn_norm.weight", (h,), False, whole(p + "input_layernorm.weight")
+        yield b + "attn_q_a.weight", (c["q_lora_rank"], h), True, whole(a + "q_a_proj.weight")
+        yield b + "attn_q_a_norm.weight", (c["q_lora_rank"],), False, whole(a + "q_a_layernorm.weight")
+        yield (b + "attn_q_b.weight", (H * (nope + c["qk_rope_head_dim"]), c["q_lora_rank"]), True,
+               whole(a + "q_b_proj.weight"))
+        yield (b + "attn_kv_a_mqa.weight", (r + c["qk_rope_head_dim"], h), True,
+               whole(a + "kv_a_proj_with_mqa.weight"))
+        yield b + "attn_kv_a_norm.weight", (r,), False, whole(a + "kv_a_layernorm.weight")
+        yield b + "attn_k_b.weight", (H, r, nope), True, kv_b(a + "kv_b_proj.weight", "k")
+        yield b + "attn_v_b.weight", (H, v, r), True, kv_b(a + "kv_b_proj.weight", "v")
+        yield b + "attn_output.weight", (h, H * v), True, whole(a + "o_proj.weight")
+        yield b + "ffn_norm.weight", (h,), False, whole(p + "post_attention_layernorm.weight")
+        m = p + "mlp"
+        if layer < c["first_k_dense_replace"]:
+            i = c["intermediate_size"]
+            yield b + "ffn_gate.weight", (i, h), True, whole(m + ".gate_proj.weight")
+            yield b + "ffn_up.weight", (i, h), True, whole(m + ".up_proj.weight")
+            yield b + "ffn_down.weight", (h, i), True, whole(m + ".down_proj.weight")
+            continue
+        moe, s = c["moe_intermediate_size"], c["moe_intermediate_size"] * c["n_shared_experts"]
+        yield b + "ffn_gate_inp.weight", (E, h), False, whole(m + ".gate.weight")
+        yield b + "exp_probs_b.bias", (E,), False, whole(m + ".gate.e_score_correction_bias")
+        yield b + "ffn_gate_exps.weight", (E, moe, h), True, experts(m, "gate_proj")
+        yield b + "ffn_up_exps.weight", (E, moe, h), True, experts(m, "up_proj")
+        yield b + "ffn_down_exps.weight", (E, h, moe), True, experts(m, "down_proj")
+        yield b + "ffn_gate_shexp.weight", (s, h), True, whole(m + ".shared_experts.gate_proj.weight")
+        yield b + "ffn_up_shexp.weight", (s, h), True, whole(m + ".shared_experts.up_proj.weight")
+        yield b + "ffn_down_shexp.weight", (h, s), True, whole(m + ".shared_experts.down_proj.weight")
+    yield "output_norm.weight", (h,), False, whole("model.norm.weight")
+    yield "output.weight", (c["vocab_size"], h), True, rows_of("lm_head.weight")
 
 
 def convert_q8_0(hf_dir, path, llama_src):
+    """Q8_0 GGUF: llama.cpp's converter writes the metadata (--vocab-only: the model's
+    parameters, tokenizer and chat template); the tensors, under the converter's names
+    and layouts, are quantised here with the gguf package's Q8_0 one piece at a time
+    (the converter stacks 256 dequantised experts as float32, 15 GB per tensor at R1's
+    widths, more than a small machine's memory)."""
     if path.exists():
         return
-    tmp = path.with_suffix(".tmp")
+    import gguf
+    import numpy as np
+    vocab = path.with_suffix(".vocab.gguf")
     subprocess.run([sys.executable, str(llama_src / "convert_hf_to_gguf.py"), str(hf_dir),
-                    "--outtype", "q8_0", "--outfile", str(tmp)], check=True,
-                   stdout=subprocess.DEVNULL)
+                    "--vocab-only", "--outtype", "q8_0", "--outfile", str(vocab)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reader = gguf.GGUFReader(vocab)
+    tmp = path.with_suffix(".tmp")
+    w = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    c = json.loads((hf_dir / "config.json").read_text())
+    Q8 = gguf.GGMLQuantizationType.Q8_0
+    row_bytes = lambda k: k // 32 * 34  # noqa: E731
+    plan = list(gguf_tensors(c))
+    for name, shape, quant, _ in plan:
+        n = 1
+        for d in shape[:-1]:
+            n *= d
+        if quant:
+            w.add_tensor_info(name, (*shape[:-1], row_bytes(shape[-1])), np.dtype(np.uint8),
+                              n * row_bytes(shape[-1]), raw_dtype=Q8)
+        else:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), n * shape[-1] * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    ck = Checkpoint(hf_dir)
+    for name, shape, quant, pieces in plan:
+        k = shape[-1]
+        if not quant:
+            w.write_tensor_data(next(iter(pieces(ck))).numpy().astype(np.float32).reshape(shape))
+            continue
+        out = np.empty((*shape[:-1], row_bytes(k)), dtype=np.uint8)
+        flat = out.reshape(-1, row_bytes(k))
+        row = 0
+        for piece in pieces(ck):
+            x = piece.reshape(-1, k).numpy()
+            flat[row:row + x.shape[0]] = gguf.quants.quantize(x, Q8)
+            row += x.shape[0]
+        assert row == flat.shape[0], name
+        w.write_tensor_data(out)
+    w.close()
+    vocab.unlink()
     tmp.rename(path)
 
 
@@ -231,12 +368,11 @@ def make(out, layers, formats, widths=None, tag="r1", shard_bytes=SHARD_BYTES):
     write_fp8_checkpoint(hf, c, shard_bytes)
     paths = {"fp8": hf}
     if "q8_0" in formats or "q4_k_m" in formats:
-        llama_src, llama_bin = llama_cpp_paths()
         paths["q8_0"] = out / f"{base}.Q8_0.gguf"
-        convert_q8_0(hf, paths["q8_0"], llama_src)
+        convert_q8_0(hf, paths["q8_0"], llama_cpp("--src"))
         if "q4_k_m" in formats:
             paths["q4_k_m"] = out / f"{base}.Q4_K_M.gguf"
-            quantize_q4_k_m(paths["q8_0"], paths["q4_k_m"], llama_bin)
+            quantize_q4_k_m(paths["q8_0"], paths["q4_k_m"], llama_cpp())
     return {f: paths[f] for f in formats}
 
 
@@ -246,11 +382,11 @@ def main():
     ap.add_argument("--formats", default="fp8,q8_0")
     ap.add_argument("--out", type=pathlib.Path)
     ap.add_argument("--self-test", type=pathlib.Path, metavar="DIR",
-                    help="the reduced-width checkpoint (2 layers) in DIR, FP8 only")
+                    help="the reduced-width checkpoint (2 layers) in DIR, FP8 and Q8_0")
     a = ap.parse_args()
     if a.self_test:
         # Shards of 32 MB: several, as at full size.
-        paths = make(a.self_test, 2, ["fp8"], SELF_TEST_WIDTHS, tag="r1-narrow",
+        paths = make(a.self_test, 2, ["fp8", "q8_0"], SELF_TEST_WIDTHS, tag="r1-narrow",
                      shard_bytes=32 << 20)
     else:
         if a.layers < 2:

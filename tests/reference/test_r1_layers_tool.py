@@ -6,7 +6,8 @@ safetensors with an index, R1's tokenizer), checked against transformers.
 transformers reads the checkpoint's config and the weights as the test dequantises them
 (fp8 value * scale_inv of its block, computed here, not by the tool or dserve; kv_b_proj
 rounded to BF16, as dserve holds it once split for MLA); dserve loads the tool's files as
-they are. Per-position log-probabilities within 1e-3, expanded and absorbed MLA.
+they are. Per-position log-probabilities within 1e-3, expanded and absorbed MLA; the
+Q8_0 GGUF within Q8_0's rounding.
 """
 import json
 import pathlib
@@ -87,3 +88,24 @@ def test_self_test_checkpoint_against_transformers(dserve_bin, tmp_path):
     for batch in (512, 1):  # expanded and absorbed MLA
         got = _dserve_logprobs(dserve_bin, model, PROMPT, tmp_path, batch=batch)
         assert _worst(got, ref["logprobs"]) < 1e-3, batch
+
+
+def test_self_test_gguf_against_transformers(dserve_bin, tmp_path):
+    """The Q8_0 GGUF (metadata from llama.cpp's converter, tensors under its names): the
+    gguf package reads what the converter would write (kv_b split into attn_k_b /
+    attn_v_b, 3-D expert stacks), and dserve's log-probabilities on it stay within
+    Q8_0's rounding of transformers' (measured: worst 0.011, mean 0.003)."""
+    gguf = pytest.importorskip("gguf")
+    model, ref = _checkpoint()
+    path = model.parent / "r1-narrow-2l.Q8_0.gguf"
+    r = gguf.GGUFReader(path)
+    names = {t.name: t for t in r.tensors}
+    assert names["blk.1.ffn_gate_exps.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert list(names["blk.1.ffn_gate_exps.weight"].shape) == [256, 128, 16]  # ne: h, moe, E
+    assert list(names["blk.0.attn_k_b.weight"].shape) == [32, 64, 4]  # ne: nope, r, H
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "deepseek2"
+    assert int(r.fields["deepseek2.expert_count"].parts[-1][0]) == 16
+    got = _dserve_logprobs(dserve_bin, path, PROMPT, tmp_path, batch=1)
+    mean = sum(abs(a - b) for a, b in zip(got, ref["logprobs"])) / len(got)
+    print(f"Q8_0 GGUF: worst {_worst(got, ref['logprobs']):.4f}, mean {mean:.4f}")
+    assert _worst(got, ref["logprobs"]) < 0.05 and mean < 0.02

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""DeepSeek-R1 at its real widths, side by side: dserve, llama.cpp and (when a build of
+it is given) ik_llama.cpp on the same GGUF file and threads (a benchmark, not a test).
+
+The model is tools/make_r1_layers.py's reduced-depth R1 (hidden 7168, 128 heads, MLA
+512 + 64, 256 experts of 2048, top-8; 1 dense + N-1 MoE layers) as Q8_0. For each
+thread count, one configuration at a time, the engines alternating:
+  - decode at depth D (tokens/s over --decode tokens after a D-token prompt): dserve
+    `generate` with its F16 and FP8 latent caches (--kv-cache-dtype), llama-bench
+    `-p 0 -n T -d D`, ik_llama.cpp's llama-bench `-gp D,T`;
+  - prompt processing of P tokens: dserve `generate` (its prompt figure), llama-bench
+    `-p P -n 0`;
+  - C concurrent decodes (128-token prompts, --decode tokens each): dserve `bench
+    throughput` (output tokens/s) against llama-batched-bench `-npp 128 -ntg T -npl C`
+    (its S_TG, generation tokens/s).
+ik_llama.cpp runs with its recommended DeepSeek flags: -mla 3 -fa 1 -fmoe 1 -rtr 1.
+Prints a markdown table (engine figures and dserve's ratio to each) and writes JSON.
+
+  .venv/bin/python tools/bench_r1.py --gguf R1.Q8_0.gguf --llama-bin DIR [--ik-bin DIR]
+      [--threads 1 2] [--depths 0 4096] [--prompts 512 4096] [--concurrency 8 32]
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+
+IK_FLAGS = ["-mla", "3", "-fa", "1", "-fmoe", "1", "-rtr", "1"]
+
+
+def run(cmd):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{cmd[0]} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return r
+
+
+def prompt_ids(n):
+    return ",".join(str(1000 + i % 100000) for i in range(max(n, 1)))
+
+
+def dserve_generate(a, threads, n_prompt, n_decode, kv_dtype):
+    """(prompt tok/s, decode tok/s)."""
+    r = run([a.dserve, "generate", "--model", a.gguf, "--prompt-ids", prompt_ids(n_prompt),
+             "--max-tokens", n_decode, "--ignore-eos", "--temperature", 0, "--threads", threads,
+             "--kv-cache-dtype", kv_dtype, "--max-model-len", n_prompt + n_decode + 16])
+    m = re.search(r"prompt: \d+ tokens in [\d.]+ s \(([\d.]+) tokens/s\); decode: \d+ tokens in "
+                  r"[\d.]+ s \(([\d.]+) tokens/s", r.stderr)
+    if not m:
+        raise SystemExit("dserve generate: unexpected output:\n" + r.stderr[-2000:])
+    return float(m[1]), float(m[2])
+
+
+def dserve_concurrent(a, threads, n):
+    r = run([a.dserve, "bench", "throughput", "--model", a.gguf, "--threads", threads,
+             "--num-prompts", n, "--input-len", 128, "--output-len", a.decode,
+             "--max-num-seqs", n, "--output-json", "/tmp/bench_r1_throughput.json"])
+    with open("/tmp/bench_r1_throughput.json") as f:
+        j = json.load(f)
+    return j["output_tokens_per_second"] if "output_tokens_per_second" in j else j["output_throughput"]
+
+
+def llama_bench(bin_dir, model, threads, args):
+    r = run([f"{bin_dir}/llama-bench", "-m", model, "-t", threads, "-r", 1, "-o", "json"] + args)
+    rows = json.loads(r.stdout)
+    return rows[-1]["avg_ts"]
+
+
+def batched_bench(bin_dir, model, threads, n, n_decode, extra=()):
+    r = run([f"{bin_dir}/llama-batched-bench", "-m", model, "-t", threads, "-c",
+             n * (128 + n_decode) + 64, "-npp", 128, "-ntg", n_decode, "-npl", n, *extra])
+    # The table's last row: |PP|TG|B|N_KV|T_PP s|S_PP t/s|T_TG s|S_TG t/s|T s|S t/s|
+    rows = [line for line in r.stdout.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    if not rows:
+        raise SystemExit("llama-batched-bench: no table:\n" + r.stdout[-2000:] + r.stderr[-2000:])
+    return float(rows[-1].split("|")[8])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dserve", default="build/dserve")
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--llama-bin", required=True)
+    ap.add_argument("--ik-bin")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--depths", type=int, nargs="+", default=[0, 4096])
+    ap.add_argument("--prompts", type=int, nargs="+", default=[512, 4096])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--json", default="/tmp/bench_r1.json")
+    a = ap.parse_args()
+    rows = []
+
+    def report(threads, test, figures):
+        rows.append({"threads": threads, "test": test, **figures})
+        print(json.dumps(rows[-1]), flush=True)
+
+    for t in a.threads:
+        for d in a.depths:
+            f = {}
+            _, f["dserve"] = dserve_generate(a, t, d, a.decode, "float16")
+            _, f["dserve_fp8"] = dserve_generate(a, t, d, a.decode, "fp8")
+            f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t, ["-p", 0, "-n", a.decode, "-d", d])
+            if a.ik_bin:
+                f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t,
+                                                ["-p", 0, "-n", 0, "-gp", f"{d},{a.decode}"] + IK_FLAGS)
+            report(t, f"decode @ depth {d}", f)
+        for p in a.prompts:
+            f = {}
+            f["dserve"], _ = dserve_generate(a, t, p, 1, "float16")
+            f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t, ["-p", p, "-n", 0])
+            if a.ik_bin:
+                f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t, ["-p", p, "-n", 0] + IK_FLAGS)
+            report(t, f"prompt {p}", f)
+        for c in a.concurrency:
+            f = {"dserve": dserve_concurrent(a, t, c),
+                 "llama.cpp": batched_bench(a.llama_bin, a.gguf, t, c, a.decode)}
+            if a.ik_bin:
+                f["ik_llama.cpp"] = batched_bench(a.ik_bin, a.gguf, t, c, a.decode,
+                                                  ["-mla", 3, "-fa", 1, "-fmoe", 1])
+            report(t, f"{c} concurrent decodes", f)
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    print("\n| threads | test | dserve | dserve fp8 latents | llama.cpp | ik_llama.cpp "
+          "| dserve / llama.cpp | dserve / ik_llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        def cell(k):
+            return f"{r[k]:.2f}" if k in r else "-"
+        def ratio(k):
+            return f"{r['dserve'] / r[k]:.2f}x" if k in r and r[k] else "-"
+        print(f"| {r['threads']} | {r['test']} | {cell('dserve')} | {cell('dserve_fp8')} "
+              f"| {cell('llama.cpp')} | {cell('ik_llama.cpp')} | {ratio('llama.cpp')} "
+              f"| {ratio('ik_llama.cpp')} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
