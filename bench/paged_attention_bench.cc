@@ -5,6 +5,10 @@
 // read per second ("bytes_per_second", of the pool's own dtype) and decode tokens
 // (query heads) per second.
 //
+// "mla_f16/", "mla_f8/", "mla_f32/": MLA's absorbed decode at R1's shape (128 heads over
+// one 576-wide latent pool, values its first 512) through paged_latent_attention, with
+// multiply-accumulates per second; ".../v16" keeps 16 values, to isolate the scores.
+//
 // Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
 // DSERVE_BENCH_THREADS (default: all cores).
 #include <benchmark/benchmark.h>
@@ -231,11 +235,14 @@ int main(int argc, char** argv) {
       {"1x4096", {1, 4096, 128, 576, 512, 16}},
       {"1x16384", {1, 16384, 128, 576, 512, 16}},
       {"8x4096", {8, 4096, 128, 576, 512, 16}},
+      // The scores' share alone: values of 16 of the 576.
+      {"1x16384/v16", {1, 16384, 128, 576, 16, 16}},
   };
   for (const auto& [name, c] : mla_cases) {
     const std::pair<const char*, void (*)(benchmark::State&, MlaCase, DType)> kinds[] = {
         {"mla_f16/", [](benchmark::State& s, MlaCase m, DType) { bm_mla<uint16_t>(s, m, DType::kF16); }},
         {"mla_f8/", [](benchmark::State& s, MlaCase m, DType) { bm_mla<uint8_t>(s, m, DType::kF8_E4M3); }},
+        {"mla_f32/", [](benchmark::State& s, MlaCase m, DType) { bm_mla<float>(s, m, DType::kF32); }},
     };
     for (const auto& [prefix, fn] : kinds) {
       const std::string full = std::string(prefix) + name;
