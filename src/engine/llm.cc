@@ -94,6 +94,7 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   budget_in.weight_bytes = o.load_model ? std::max(resident_memory_bytes(), prepared_bytes)
                                          : weight_bytes + prepared_bytes;
   budget_in.prepared_bytes = prepared_bytes;
+  budget_in.resident_bytes = resident_memory_bytes();
   budget_in.buffer_bytes = working_buffer_bytes(o.max_num_seqs, llm->model_->info().vocab_size,
                                                 o.max_num_batched_tokens);
   DS_ASSIGN_OR_RETURN(KvCacheBudget budget, kv_cache_budget(budget_in));

@@ -31,6 +31,22 @@ TEST(MemoryBudgetTest, UtilizationIsAFractionOfTheLimitLessWeightsAndBuffers) {
       << b->explanation;
 }
 
+// The line says what of the weights was resident once loaded (mapped weights are read
+// when first used) beside what they add up to.
+TEST(MemoryBudgetTest, LineSaysWhatOfTheWeightsIsResident) {
+  MemoryBudgetInput in = input(2 * kGiB);
+  Result<KvCacheBudget> without = kv_cache_budget(in);
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(without->explanation.find("resident"), std::string::npos) << without->explanation;
+  in.resident_bytes = 40 * kMiB;
+  Result<KvCacheBudget> b = kv_cache_budget(in);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(b->explanation.find("weights 0.20 GiB (0.10 GiB of them the backend's prepared "
+                                "copies, 0.04 GiB resident after loading)"),
+            std::string::npos)
+      << b->explanation;
+}
+
 TEST(MemoryBudgetTest, UtilizationThatLeavesNothingIsAnError) {
   MemoryBudgetInput in = input(512 * kMiB);
   in.gpu_memory_utilization = 0.5;  // 256 MiB for 300 MiB of weights and buffers
