@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "base/check.h"
 #include "base/log.h"
+#include "base/memory_limit.h"
 #include "model/fp8_weights.h"
 #include "tensor/dequantize.h"
 #include "tensor/half.h"
@@ -582,6 +584,7 @@ Status DeepseekModel::bind_weights() {
     for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);  // null: another rank's expert
   };
   prepare(lm_head_);
+  const bool pack_experts = packs_routed_experts();
   for (const LayerWeights& w : layers_) {
     for (const TensorView* t : {w.q_proj, w.q_a, w.q_b, w.kv_a, w.kv_b, w.o_proj, w.router}) {
       prepare(t);
@@ -590,9 +593,33 @@ Status DeepseekModel::bind_weights() {
     for (const TensorView& t : w.w_uv) prepare(&t);
     prepare_mlp(w.dense);
     prepare_mlp(w.shared);
-    for (const Mlp& m : w.experts) prepare_mlp(m);
+    if (pack_experts) {
+      for (const Mlp& m : w.experts) prepare_mlp(m);
+    }
   }
   return Status::Ok();
+}
+
+// The backend's packed copies are what its kernels read where they exist; without one a
+// call repacks 16 rows at a time into scratch as it goes (the same bits; for routed
+// experts, which see few tokens each, measured no slower: prompt 512 and decode of the
+// V3-shaped benchmark model alike). For the routed experts, nearly all of a DeepSeek
+// model's bytes, copies double the memory and mean reading every expert at start-up
+// (DeepSeek-R1: 700 GB more, minutes). So they are made only where the limit holds the
+// weights twice with a fifth to spare. DSERVE_PACKED_EXPERTS=always / never overrides.
+bool DeepseekModel::packs_routed_experts() const {
+  const char* env = std::getenv("DSERVE_PACKED_EXPERTS");
+  const std::string choice = env != nullptr ? env : "auto";
+  const int64_t weights = static_cast<int64_t>(files_->total_tensor_bytes());
+  const MemoryLimit limit = read_memory_limit();
+  bool pack = 2 * weights <= limit.bytes / 5 * 4;
+  if (choice == "always" || choice == "never") pack = choice == "always";
+  DS_LOG_INFO("routed experts: {} ({}: weights {:.1f} GiB, memory limit {:.1f} GiB, {})",
+              pack ? "packed copies made at load" : "read in place, no packed copies",
+              env != nullptr ? "DSERVE_PACKED_EXPERTS=" + choice : std::string("auto"),
+              static_cast<double>(weights) / (1 << 30),
+              static_cast<double>(limit.bytes) / (1 << 30), limit.source);
+  return pack;
 }
 
 size_t DeepseekModel::active_weight_bytes_per_token() const {
@@ -1011,8 +1038,10 @@ Status DeepseekModel::enable_mtp() {
   for (const Mlp* m : {&w.dense, &w.shared}) {
     for (const TensorView* t : {m->gate, m->up, m->down}) prepare(t);
   }
-  for (const Mlp& m : w.experts) {
-    for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);
+  if (packs_routed_experts()) {
+    for (const Mlp& m : w.experts) {
+      for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);
+    }
   }
   mtp_ = std::move(mtp);
   DS_LOG_INFO("MTP layer {} loaded for speculative decoding", l);

@@ -301,6 +301,8 @@ class DeepseekModel {
   void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv);
   // The layer's kv_b_proj, built from attn_k_b / attn_v_b when the file has only those.
   const TensorView& expanded_kv_b(int layer);
+  // Whether the routed experts get the backend's packed copies (bind_weights).
+  bool packs_routed_experts() const;
   // attend_latent(q_abs [n, H, r + rope], out_lat [n, H, out_row]) runs the latent
   // attention (contiguous or paged) and returns out_row: r + rope or r (values only
   // the latent part).

@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from conftest import content_key, cache_dir
-from test_deepseek_reference import (_dserve_logprobs, _fp8_dequantize, _load, _reference,
-                                     _worst)
+from test_deepseek_reference import (_dserve_generate, _dserve_logprobs, _fp8_dequantize, _load,
+                                     _reference, _worst)
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -109,3 +109,23 @@ def test_self_test_gguf_against_transformers(dserve_bin, tmp_path):
     mean = sum(abs(a - b) for a, b in zip(got, ref["logprobs"])) / len(got)
     print(f"Q8_0 GGUF: worst {_worst(got, ref['logprobs']):.4f}, mean {mean:.4f}")
     assert _worst(got, ref["logprobs"]) < 0.05 and mean < 0.02
+
+
+def test_routed_experts_without_packed_copies_give_the_same_bits(dserve_bin, tmp_path,
+                                                                monkeypatch):
+    """Routed experts read in place (what a model too big to hold twice gets) give the
+    log-probabilities of packed copies bit for bit, prompt (batched) and token by token;
+    the start-up log says which."""
+    model, ref = _checkpoint()
+    path = model.parent / "r1-narrow-2l.Q8_0.gguf"
+    got = {}
+    for choice in ("always", "never"):
+        monkeypatch.setenv("DSERVE_PACKED_EXPERTS", choice)
+        for batch in (512, 1):
+            got[choice, batch] = _dserve_logprobs(dserve_bin, path, PROMPT, tmp_path, batch=batch,
+                                                  extra=["--log-level", "info"])
+    assert got["always", 512] == got["never", 512]
+    assert got["always", 1] == got["never", 1]
+    _, stderr = _dserve_generate(dserve_bin, path, PROMPT, log_level="info")
+    assert "routed experts: packed copies made at load (DSERVE_PACKED_EXPERTS=never" not in stderr
+    assert "routed experts: read in place, no packed copies (DSERVE_PACKED_EXPERTS=never" in stderr
