@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench, llama-server and llama-quantize once, from the source
+# Builds llama.cpp's llama-bench, llama-batched-bench, llama-server and llama-quantize
+# once, from the source
 # inside PyPI's llama-cpp-python sdist (pinned), into the cache outside the repository:
 #   $DSERVE_CACHE/llamacpp/<version>/build/bin/
 # For side-by-side benchmarks only (make bench-compare); never part of make test.
@@ -30,17 +31,19 @@ if [ "${1:-}" = "--src" ]; then
   echo "$SRC"
   exit 0
 fi
-# build DIR CMAKE_FLAGS...: llama-bench, llama-server and llama-quantize into DIR.
+# build DIR CMAKE_FLAGS...: llama-bench, llama-batched-bench, llama-server and
+# llama-quantize into DIR.
 build() {
   local dir=$1
   shift
-  if [ -x "$dir/bin/llama-bench" ] && [ -x "$dir/bin/llama-server" ] && [ -x "$dir/bin/llama-quantize" ]; then
+  if [ -x "$dir/bin/llama-bench" ] && [ -x "$dir/bin/llama-server" ] && [ -x "$dir/bin/llama-quantize" ] &&
+     [ -x "$dir/bin/llama-batched-bench" ]; then
     return
   fi
   cmake -S "$SRC" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >&2
-  cmake --build "$dir" -j "$(nproc)" --target llama-bench llama-server llama-quantize >&2
+  cmake --build "$dir" -j "$(nproc)" --target llama-bench llama-batched-bench llama-server llama-quantize >&2
 }
 
 build "$ROOT/build" -DGGML_NATIVE=ON
