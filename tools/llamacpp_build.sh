@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench, llama-batched-bench, llama-server and llama-quantize
-# once, from the source
-# inside PyPI's llama-cpp-python sdist (pinned), into the cache outside the repository:
+# once, from the source inside PyPI's llama-cpp-python sdist (pinned), into the cache
+# outside the repository:
 #   $DSERVE_CACHE/llamacpp/<version>/build/bin/
 # For side-by-side benchmarks only (make bench-compare); never part of make test.
 # Built for this machine (GGML_NATIVE), as a user of llama.cpp would build it.
