@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
   const std::pair<const char*, MlaCase> mla_cases[] = {
       {"1x4096", {1, 4096, 128, 576, 512, 16}},
       {"1x16384", {1, 16384, 128, 576, 512, 16}},
+      {"1x32768", {1, 32768, 128, 576, 512, 16}},
       {"8x4096", {8, 4096, 128, 576, 512, 16}},
       // The scores' share alone: values of 16 of the 576.
       {"1x16384/v16", {1, 16384, 128, 576, 16, 16}},
