@@ -105,6 +105,9 @@ class LLM {
 
   // The engine's counters (steps, preemptions, prefix-cache hits, blocks).
   EngineStats stats() const;
+  // The model's own counters in one line (MoE expert use, expert-parallel traffic);
+  // may be empty.
+  std::string model_stats() const;
   // The engine itself, for AsyncLlm (its type is internal: engine/llm_engine.h).
   LlmEngine& engine() { return *engine_; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }

@@ -243,7 +243,8 @@ Result<std::vector<std::unique_ptr<dist::Communicator>>> connect_engines(const S
                                   std::to_string(node.data_parallel_size) + " --tensor-parallel-size " +
                                   std::to_string(node.tensor_parallel_size) + " --block-size " +
                                   std::to_string(node.block_size) + " --dtype " + node.dtype +
-                                  " --max-model-len " + std::to_string(node.max_model_len);
+                                  " --max-model-len " + std::to_string(node.max_model_len) +
+                                  " --expert-dispatch-dtype " + o.tp.expert_dispatch_dtype;
   return connect_expert_parallel(o.dp, fingerprint, o.tp.timeout_s);
 }
 
@@ -267,8 +268,9 @@ LlmOptions engine_options(const ServeOptions& o, const std::string& model_path, 
 Result<std::unique_ptr<AsyncLlm>> start_engine(const ServeOptions& o, const std::string& model_path, LlmOptions lo,
                                                EngineObserver* observer, dist::Communicator* lockstep) {
   if (lockstep != nullptr && o.tp.size == 1) {
-    lo.load_model = [lockstep](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
-      return load_causal_lm(std::move(files), backend, context, nullptr, false, lockstep);
+    lo.load_model = [lockstep, wire = o.tp.expert_wire()](std::unique_ptr<ModelFiles> files, Backend& backend, int64_t context) {
+      return load_causal_lm(std::move(files), backend, context, nullptr, false, lockstep,
+                            wire);
     };
   }
   Result<std::unique_ptr<LLM>> llm = LLM::create(model_path, lo);

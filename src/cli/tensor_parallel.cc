@@ -165,6 +165,11 @@ void add_tensor_parallel_options(CLI::App* cmd, TensorParallelOptions* o) {
       ->capture_default_str();
   cmd->add_flag("--enable-expert-parallel", o->expert_parallel,
                 "give each rank whole routed experts (1/N of them) instead of 1/N of every expert");
+  cmd->add_option("--expert-dispatch-dtype", o->expert_dispatch_dtype,
+                  "element type of the token rows expert parallelism sends between data-parallel "
+                  "engines: float32 (results equal one process's) or bfloat16 (half the bytes)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
   cmd->add_option("--tp-rank", o->rank, "(internal) this process's rank, set by the launcher")->group("");
   cmd->add_option("--tp-dp-rank", o->dp_rank, "(internal) the data-parallel engine of this rank's group")
       ->group("");
@@ -195,7 +200,7 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
   group.master_port = o.master_port;
   group.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   group.fingerprint = fingerprint + " tp=" + std::to_string(o.size) + " nnodes=" + std::to_string(o.nnodes) +
-                      (o.expert_parallel ? " ep" : "");
+                      (o.expert_parallel ? " ep " + o.expert_dispatch_dtype : "");
   // The expert-parallel group over every rank of every data-parallel engine.
   const bool expert_group = o.expert_parallel && o.dp_rank >= 0 && o.expert_dp_size > 1;
   dist::GroupOptions experts;
@@ -246,7 +251,8 @@ Result<std::unique_ptr<CausalLm>> load_model_on_ranks(const TensorParallelOption
     expert_comm = std::move(e).value();
   }
   Result<std::unique_ptr<CausalLm>> local = load_causal_lm(std::move(files), backend, context, comm->get(),
-                                                           o.expert_parallel, expert_comm.get());
+                                                           o.expert_parallel, expert_comm.get(),
+                                                           o.expert_wire());
   if (rank != 0) {
     if (!local.ok()) end_worker(rank, local.status());
     Status s = run_tp_worker(**local, **comm);

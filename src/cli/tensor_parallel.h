@@ -42,6 +42,12 @@ struct TensorParallelOptions {
   // --enable-expert-parallel: DeepSeek's routed experts dealt out whole over the ranks
   // instead of each cut by width (model/deepseek_model.h).
   bool expert_parallel = false;
+  // --expert-dispatch-dtype: the element type of the rows expert parallelism over
+  // data-parallel engines exchanges ("float32" or "bfloat16").
+  std::string expert_dispatch_dtype = "float32";
+  ExpertWire expert_wire() const {
+    return expert_dispatch_dtype == "bfloat16" ? ExpertWire::kBf16 : ExpertWire::kF32;
+  }
   // With expert_parallel over data-parallel engines (dp_rank >= 0 and
   // expert_dp_size > 1): every rank also joins the expert-parallel group of all
   // expert_dp_size x size ranks, as rank dp_rank * size + its rank, meeting at

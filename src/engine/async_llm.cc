@@ -453,6 +453,8 @@ void AsyncLlm::run_lockstep() {
     if (busy || had_commands) publish_stats();
   }
   abort_remaining();
+  // What the group's exchanges moved, for the log (the engine thread owns the model).
+  if (const std::string s = llm_->model_stats(); !s.empty()) DS_LOG_INFO("{}", s);
 }
 
 }  // namespace dserve

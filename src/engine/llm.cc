@@ -26,6 +26,8 @@ int64_t LLM::vocab_size() const { return model_->info().vocab_size; }
 
 EngineStats LLM::stats() const { return engine_->stats(); }
 
+std::string LLM::model_stats() const { return model_->stats(); }
+
 Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const LlmOptions& o) {
   std::unique_ptr<LLM> llm(new LLM());
   if (o.fp8_weights != "fp8" && o.fp8_weights != "bf16") {

@@ -131,12 +131,12 @@ Result<ModelInfo> read_model_info(const ModelFiles& files) {
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
                                                  Backend& backend, int64_t max_context,
                                                  dist::Communicator* comm, bool expert_parallel,
-                                                 dist::Communicator* expert_comm) {
+                                                 dist::Communicator* expert_comm, ExpertWire expert_wire) {
   DS_ASSIGN_OR_RETURN(ModelInfo info, read_model_info(*files));
   if (is_deepseek_model(*files)) {
     DS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m,
                         DeepseekModel::load(std::move(files), backend, max_context, MlaPath::kAuto, comm,
-                                            expert_parallel, expert_comm));
+                                            expert_parallel, expert_comm, expert_wire));
     return std::unique_ptr<CausalLm>(new DeepseekLm(std::move(m), std::move(info)));
   }
   if (expert_comm != nullptr || (expert_parallel && comm != nullptr && comm->size() > 1)) {

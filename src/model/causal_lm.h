@@ -18,6 +18,7 @@
 #include "base/status.h"
 #include "dist/communicator.h"
 #include "loader/model_files.h"
+#include "model/expert_dispatch.h"
 #include "model/llama_model.h"  // LogitsFor
 #include "model/model_batch.h"
 
@@ -101,11 +102,12 @@ class CausalLm {
 // max_context: the longest sequence forward() will see; 0 means the model's own.
 // comm: the tensor-parallel group this process is one rank of (null: one rank).
 // expert_comm: the expert-parallel group over data-parallel engines (null: none;
-// DeepSeek models only), see DeepseekModel.
+// DeepSeek models only), see DeepseekModel; expert_wire: its rows' element type.
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<ModelFiles> files,
                                                  Backend& backend, int64_t max_context,
                                                  dist::Communicator* comm = nullptr,
                                                  bool expert_parallel = false,
-                                                 dist::Communicator* expert_comm = nullptr);
+                                                 dist::Communicator* expert_comm = nullptr,
+                                                 ExpertWire expert_wire = ExpertWire::kF32);
 
 }  // namespace dserve

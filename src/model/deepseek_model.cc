@@ -97,7 +97,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
                                                            Backend& backend, int64_t max_context,
                                                            MlaPath path, dist::Communicator* comm,
                                                            bool expert_parallel,
-                                                           dist::Communicator* expert_comm) {
+                                                           dist::Communicator* expert_comm,
+                                                           ExpertWire expert_wire) {
   DS_ASSIGN_OR_RETURN(DeepseekConfig config, DeepseekConfig::from_model_files(*files));
   if (max_context < 0) return invalid_argument("context length must not be negative");
   if (max_context == 0) max_context = config.max_position_embeddings;
@@ -131,7 +132,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
     }
     model->expert_parallel_ = true;
     model->dispatch_ = std::make_unique<ExpertDispatch>(*expert_comm, static_cast<int>(c.n_routed_experts),
-                                                        c.hidden_size);
+                                                        c.hidden_size, expert_wire);
   }
   DS_RETURN_IF_ERROR(model->plan_shards());
   DS_RETURN_IF_ERROR(model->bind_weights());
@@ -171,10 +172,12 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
     int n_moe = 0;
     for (const LayerWeights& w : model->layers_) n_moe += w.moe ? 1 : 0;
     DS_LOG_INFO("expert parallel rank {}/{} (over data-parallel engines): routed experts {}-{} of {}; "
-                "holds {} expert weight sets of {} ({} MoE layers); weights {:.1f} of {:.1f} MiB",
+                "holds {} expert weight sets of {} ({} MoE layers); weights {:.1f} of {:.1f} MiB; "
+                "rows exchanged as {}",
                 expert_comm->rank(), expert_comm->size(), model->expert_begin_, model->expert_end_ - 1,
                 c.n_routed_experts, model->n_experts_held_, int64_t{n_moe} * c.n_routed_experts, n_moe,
-                mib(model->rank_weight_bytes_), mib(model->model_weight_bytes_));
+                mib(model->rank_weight_bytes_), mib(model->model_weight_bytes_),
+                expert_wire == ExpertWire::kBf16 ? "bfloat16" : "float32");
   }
   return model;
 }

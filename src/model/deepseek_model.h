@@ -112,7 +112,8 @@ class DeepseekModel {
                                                      MlaPath path = MlaPath::kAuto,
                                                      dist::Communicator* comm = nullptr,
                                                      bool expert_parallel = false,
-                                                     dist::Communicator* expert_comm = nullptr);
+                                                     dist::Communicator* expert_comm = nullptr,
+                                                     ExpertWire expert_wire = ExpertWire::kF32);
   ~DeepseekModel();
   DeepseekModel(const DeepseekModel&) = delete;
   DeepseekModel& operator=(const DeepseekModel&) = delete;

@@ -3,13 +3,42 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "tensor/half.h"
 
 namespace dserve {
 
-ExpertDispatch::ExpertDispatch(dist::Communicator& comm, int n_experts, int64_t hidden)
-    : comm_(comm), placement_{n_experts, comm.size()}, hidden_(hidden) {
+ExpertDispatch::ExpertDispatch(dist::Communicator& comm, int n_experts, int64_t hidden,
+                               ExpertWire wire)
+    : comm_(comm), placement_{n_experts, comm.size()}, hidden_(hidden), wire_(wire) {
   DS_CHECK_MSG(n_experts > 0 && n_experts % comm.size() == 0,
                "expert parallelism needs the group size to divide the routed experts");
+}
+
+size_t ExpertDispatch::wire_row_bytes() const {
+  return static_cast<size_t>(hidden_) * (wire_ == ExpertWire::kBf16 ? 2 : 4);
+}
+
+void ExpertDispatch::to_wire(const float* row, std::byte* out) const {
+  if (wire_ == ExpertWire::kF32) {
+    std::memcpy(out, row, wire_row_bytes());
+    return;
+  }
+  for (int64_t i = 0; i < hidden_; ++i) {
+    const uint16_t h = f32_to_bf16(row[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+void ExpertDispatch::from_wire(const std::byte* in, float* row) const {
+  if (wire_ == ExpertWire::kF32) {
+    std::memcpy(row, in, wire_row_bytes());
+    return;
+  }
+  for (int64_t i = 0; i < hidden_; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    row[i] = bf16_to_f32(h);
+  }
 }
 
 Status ExpertDispatch::dispatch(std::span<const float> x, std::span<const int64_t> slot_token,
@@ -18,8 +47,7 @@ Status ExpertDispatch::dispatch(std::span<const float> x, std::span<const int64_
   const int n_ranks = comm_.size(), me = comm_.rank();
   const int64_t n_slots = static_cast<int64_t>(slot_token.size());
   const int64_t n_tokens = static_cast<int64_t>(x.size()) / hidden_;
-  const size_t row_bytes = static_cast<size_t>(hidden_) * sizeof(float);
-  const size_t record = sizeof(int32_t) + row_bytes;
+  const size_t record = sizeof(int32_t) + wire_row_bytes();
 
   // Slots in send order: a stable counting sort by expert, which also groups them by
   // owner (experts are owned in contiguous blocks).
@@ -58,7 +86,7 @@ Status ExpertDispatch::dispatch(std::span<const float> x, std::span<const int64_
     std::byte* at = send_buf_.data() + static_cast<size_t>(j) * record;
     const int32_t e = slot_expert[slot];
     std::memcpy(at, &e, sizeof e);
-    std::memcpy(at + sizeof e, x.data() + slot_token[slot] * hidden_, row_bytes);
+    to_wire(x.data() + slot_token[slot] * hidden_, at + sizeof e);
   }
   recv_buf_.resize(static_cast<size_t>(n_received_) * record + 1);
   std::vector<int64_t> send_bytes(n_ranks), recv_bytes(n_ranks);
@@ -96,8 +124,8 @@ Status ExpertDispatch::dispatch(std::span<const float> x, std::span<const int64_
   for (int64_t i = 0; i < n_received_; ++i) {
     const int64_t g = fill[expert_of[i]]++;
     grouped_from_[g] = i;
-    std::memcpy(received_rows_.data() + g * hidden_,
-                recv_buf_.data() + static_cast<size_t>(i) * record + sizeof(int32_t), row_bytes);
+    from_wire(recv_buf_.data() + static_cast<size_t>(i) * record + sizeof(int32_t),
+              received_rows_.data() + g * hidden_);
   }
   return Status::Ok();
 }
@@ -105,12 +133,12 @@ Status ExpertDispatch::dispatch(std::span<const float> x, std::span<const int64_
 Status ExpertDispatch::combine(std::span<const float> expert_out, std::vector<float>* slot_out) {
   DS_CHECK(static_cast<int64_t>(expert_out.size()) == n_received_ * hidden_);
   const int n_ranks = comm_.size();
-  const size_t row_bytes = static_cast<size_t>(hidden_) * sizeof(float);
+  const size_t row_bytes = wire_row_bytes();
   // Back into received order, which is the order the senders expect per rank.
   recv_buf_.resize(static_cast<size_t>(n_received_) * row_bytes + 1);
   for (int64_t g = 0; g < n_received_; ++g) {
-    std::memcpy(recv_buf_.data() + static_cast<size_t>(grouped_from_[g]) * row_bytes,
-                expert_out.data() + g * hidden_, row_bytes);
+    to_wire(expert_out.data() + g * hidden_,
+            recv_buf_.data() + static_cast<size_t>(grouped_from_[g]) * row_bytes);
   }
   const int64_t n_slots = static_cast<int64_t>(send_slot_.size());
   send_buf_.resize(static_cast<size_t>(n_slots) * row_bytes + 1);
@@ -126,8 +154,8 @@ Status ExpertDispatch::combine(std::span<const float> expert_out, std::vector<fl
   DS_RETURN_IF_ERROR(comm_.all_to_all_v(recv_buf_, back_bytes, send_buf_, return_bytes));
   slot_out->resize(static_cast<size_t>(n_slots * hidden_));
   for (int64_t j = 0; j < n_slots; ++j) {
-    std::memcpy(slot_out->data() + send_slot_[j] * hidden_, send_buf_.data() + static_cast<size_t>(j) * row_bytes,
-                row_bytes);
+    from_wire(send_buf_.data() + static_cast<size_t>(j) * row_bytes,
+              slot_out->data() + send_slot_[j] * hidden_);
   }
   return Status::Ok();
 }

@@ -10,6 +10,9 @@
 //               (received_rows(), grouped by expert: expert_offsets());
 //   combine():  the expert outputs travel back the same way (one all_to_all_v), each
 //               to the slot it came from.
+// The rows travel as float32 (the results equal one process's bit for bit) or, with
+// ExpertWire::kBf16, as bfloat16 both ways (half the bytes; each row rounded to
+// nearest even once on the way out and once back, as DeepEP's BF16 combine does).
 // The routing weights never leave their engine: the caller weighs and sums each
 // token's slots itself, in a fixed order (its experts in increasing id), so the sum
 // does not depend on which rank computed which expert.
@@ -40,6 +43,9 @@ struct ExpertPlacement {
   int first(int rank) const { return rank * per_rank(); }
 };
 
+// The element type of the rows on the wire.
+enum class ExpertWire { kF32, kBf16 };
+
 // Bytes and rows moved, since construction.
 struct ExpertDispatchStats {
   int64_t exchanges = 0;       // dispatch() calls
@@ -52,7 +58,8 @@ struct ExpertDispatchStats {
 class ExpertDispatch {
  public:
   // comm: the expert-parallel group (borrowed; must outlive this); hidden: floats per row.
-  ExpertDispatch(dist::Communicator& comm, int n_experts, int64_t hidden);
+  ExpertDispatch(dist::Communicator& comm, int n_experts, int64_t hidden,
+                 ExpertWire wire = ExpertWire::kF32);
   ExpertDispatch(const ExpertDispatch&) = delete;
   ExpertDispatch& operator=(const ExpertDispatch&) = delete;
 
@@ -76,11 +83,18 @@ class ExpertDispatch {
   Status combine(std::span<const float> expert_out, std::vector<float>* slot_out);
 
   const ExpertDispatchStats& stats() const { return stats_; }
+  ExpertWire wire() const { return wire_; }
 
  private:
+  // A row of hidden floats to wire bytes and back.
+  size_t wire_row_bytes() const;
+  void to_wire(const float* row, std::byte* out) const;
+  void from_wire(const std::byte* in, float* row) const;
+
   dist::Communicator& comm_;
   const ExpertPlacement placement_;
   const int64_t hidden_;
+  const ExpertWire wire_;
   // The last dispatch, for combine():
   std::vector<int64_t> send_slot_;      // [n_slots] the slot at each send position
   std::vector<int64_t> send_rows_;      // [n_ranks] rows sent to each rank

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/gloo_communicator.h"
+#include "tensor/half.h"
 #include "test_support/net.h"
 
 namespace dserve {
@@ -53,7 +54,11 @@ constexpr int64_t kHidden = 5;
 
 // One exchange: rank r has n_tokens[r] tokens with k slots each (random distinct
 // experts); checks the grouping on the owner and each slot's output on the sender.
+// With bfloat16 rows, each row is rounded once each way: the owner sees bf16(x) and the
+// sender gets bf16 of the owner's output.
 void exchange_and_check(ExpertDispatch& d, int rank, int n_tokens, int k, int n_experts, uint64_t seed) {
+  const bool bf16 = d.wire() == ExpertWire::kBf16;
+  auto wire = [bf16](float v) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; };
   std::mt19937 rng(static_cast<uint32_t>(seed * 131 + rank));
   std::vector<float> x(static_cast<size_t>(n_tokens * kHidden));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(rank * 1000 + static_cast<int>(i)) * 0.25f;
@@ -85,7 +90,8 @@ void exchange_and_check(ExpertDispatch& d, int rank, int n_tokens, int k, int n_
   ASSERT_EQ(slot_out.size(), slot_token.size() * kHidden);
   for (size_t i = 0; i < slot_token.size(); ++i) {
     for (int64_t c = 0; c < kHidden; ++c) {
-      ASSERT_EQ(slot_out[i * kHidden + c], expert_fn(slot_expert[i], x[slot_token[i] * kHidden + c], c))
+      ASSERT_EQ(slot_out[i * kHidden + c],
+                wire(expert_fn(slot_expert[i], wire(x[slot_token[i] * kHidden + c]), c)))
           << "rank " << rank << " slot " << i;
     }
   }
@@ -111,6 +117,23 @@ TEST(ExpertDispatch, RowsReachTheirExpertsAndOutputsReturnToTheirSlots) {
     received += s.rows_received;
   }
   EXPECT_EQ(sent, received);  // every row another rank sent arrived somewhere
+}
+
+TEST(ExpertDispatch, Bfloat16RowsHalveTheBytes) {
+  constexpr int kWorld = 2, kExperts = 4, kTopK = 2;
+  std::vector<ExpertDispatchStats> stats(kWorld);
+  run_group(kWorld, [&](int rank, dist::Communicator& comm) {
+    ExpertDispatch d(comm, kExperts, kHidden, ExpertWire::kBf16);
+    const int rounds[][kWorld] = {{4, 3}, {0, 5}, {7, 0}};
+    uint64_t seed = 11;
+    for (const auto& n : rounds) exchange_and_check(d, rank, n[rank], kTopK, kExperts, seed++);
+    stats[rank] = d.stats();
+  });
+  for (const ExpertDispatchStats& s : stats) {
+    EXPECT_GT(s.rows_sent, 0);
+    // Out: an expert id and hidden halves per row; back: hidden halves per row.
+    EXPECT_EQ(s.bytes_sent, s.rows_sent * (4 + 2 * kHidden) + s.rows_received * 2 * kHidden);
+  }
 }
 
 TEST(ExpertDispatch, OneRankIsTheIdentity) {
