@@ -5,14 +5,15 @@ it is given) ik_llama.cpp on the same GGUF file and threads (a benchmark, not a 
 The model is tools/make_r1_layers.py's reduced-depth R1 (hidden 7168, 128 heads, MLA
 512 + 64, 256 experts of 2048, top-8; 1 dense + N-1 MoE layers) as Q8_0. For each
 thread count, one configuration at a time, the engines alternating:
-  - decode at depth D (tokens/s over --decode tokens after a D-token prompt): dserve
-    `generate` with its F16 and FP8 latent caches (--kv-cache-dtype), llama-bench
-    `-p 0 -n T -d D`, ik_llama.cpp's llama-bench `-gp D,T`;
-  - prompt processing of P tokens: dserve `generate` (its prompt figure), llama-bench
-    `-p P -n 0`;
-  - C concurrent decodes (128-token prompts, --decode tokens each): dserve `bench
-    throughput` (output tokens/s) against llama-batched-bench `-npp 128 -ntg T -npl C`
-    (its S_TG, generation tokens/s).
+  - decode at depth D (tokens/s over --decode tokens after a D-token prompt): dserve's
+    serving engine (`bench throughput`, its paged F16 and FP8 latent caches; the
+    decode phase it reports, once every sequence has its first token),
+    llama-bench `-p 0 -n T -d D`, ik_llama.cpp's llama-bench `-gp D,T`;
+  - prompt processing of P tokens: dserve `bench throughput` (one prompt, one output
+    token), llama-bench `-p P -n 0`;
+  - C concurrent decodes (128-token prompts, --decode tokens each): dserve as above
+    with C prompts, against llama-batched-bench `-npp 128 -ntg T -npl C` (its S_TG,
+    generation tokens/s).
 ik_llama.cpp runs with its recommended DeepSeek flags: -mla 3 -fa 1 -fmoe 1 -rtr 1.
 Prints a markdown table (engine figures and dserve's ratio to each) and writes JSON.
 
@@ -29,35 +30,35 @@ IK_FLAGS = ["-mla", "3", "-fa", "1", "-fmoe", "1", "-rtr", "1"]
 
 
 def run(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace")
     if r.returncode != 0:
         raise SystemExit(f"{cmd[0]} exited {r.returncode}:\n{r.stderr[-3000:]}")
     return r
 
 
-def prompt_ids(n):
-    return ",".join(str(1000 + i % 100000) for i in range(max(n, 1)))
+def dserve_throughput(a, threads, n, input_len, output_len, kv_dtype):
+    """`dserve bench throughput`'s JSON for n prompts of input_len random tokens and
+    output_len tokens each, through the serving engine (paged cache of kv_dtype)."""
+    out = f"/tmp/bench_r1_throughput_{n}_{input_len}_{output_len}.json"
+    run([a.dserve, "bench", "throughput", "--model", a.gguf, "--threads", threads,
+         "--num-prompts", n, "--input-len", input_len, "--output-len", output_len,
+         "--max-num-seqs", n, "--kv-cache-dtype", kv_dtype, "--no-enable-prefix-caching",
+         "--max-model-len", input_len + output_len, "--kv-cache-memory", 1 << 30,
+         "--output-json", out])
+    with open(out) as f:
+        return json.load(f)
 
 
-def dserve_generate(a, threads, n_prompt, n_decode, kv_dtype):
-    """(prompt tok/s, decode tok/s)."""
-    r = run([a.dserve, "generate", "--model", a.gguf, "--prompt-ids", prompt_ids(n_prompt),
-             "--max-tokens", n_decode, "--ignore-eos", "--temperature", 0, "--threads", threads,
-             "--kv-cache-dtype", kv_dtype, "--max-model-len", n_prompt + n_decode + 16])
-    m = re.search(r"prompt: \d+ tokens in [\d.]+ s \(([\d.]+) tokens/s\); decode: \d+ tokens in "
-                  r"[\d.]+ s \(([\d.]+) tokens/s", r.stderr)
-    if not m:
-        raise SystemExit("dserve generate: unexpected output:\n" + r.stderr[-2000:])
-    return float(m[1]), float(m[2])
+def dserve_decode(a, threads, n, depth, kv_dtype):
+    """Decode tokens/s of n sequences at `depth`: the engine's decode phase (once every
+    sequence has its first token) of --decode + 1 tokens each."""
+    j = dserve_throughput(a, threads, n, max(depth, 1), a.decode + 1, kv_dtype)
+    return j["decode_tokens_per_second"]
 
 
-def dserve_concurrent(a, threads, n):
-    r = run([a.dserve, "bench", "throughput", "--model", a.gguf, "--threads", threads,
-             "--num-prompts", n, "--input-len", 128, "--output-len", a.decode,
-             "--max-num-seqs", n, "--output-json", "/tmp/bench_r1_throughput.json"])
-    with open("/tmp/bench_r1_throughput.json") as f:
-        j = json.load(f)
-    return j["output_tokens_per_second"] if "output_tokens_per_second" in j else j["output_throughput"]
+def dserve_prompt(a, threads, n_prompt):
+    """Prompt tokens/s: one prompt and one output token."""
+    return n_prompt / dserve_throughput(a, threads, 1, n_prompt, 1, "float16")["elapsed_time"]
 
 
 def llama_bench(bin_dir, model, threads, args):
@@ -70,7 +71,8 @@ def batched_bench(bin_dir, model, threads, n, n_decode, extra=()):
     r = run([f"{bin_dir}/llama-batched-bench", "-m", model, "-t", threads, "-c",
              n * (128 + n_decode) + 64, "-npp", 128, "-ntg", n_decode, "-npl", n, *extra])
     # The table's last row: |PP|TG|B|N_KV|T_PP s|S_PP t/s|T_TG s|S_TG t/s|T s|S t/s|
-    rows = [line for line in r.stdout.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    rows = [line for line in (r.stdout + r.stderr).splitlines()
+            if re.match(r"\|\s*\d+\s*\|", line)]
     if not rows:
         raise SystemExit("llama-batched-bench: no table:\n" + r.stdout[-2000:] + r.stderr[-2000:])
     return float(rows[-1].split("|")[8])
@@ -98,8 +100,8 @@ def main():
     for t in a.threads:
         for d in a.depths:
             f = {}
-            _, f["dserve"] = dserve_generate(a, t, d, a.decode, "float16")
-            _, f["dserve_fp8"] = dserve_generate(a, t, d, a.decode, "fp8")
+            f["dserve"] = dserve_decode(a, t, 1, d, "float16")
+            f["dserve_fp8"] = dserve_decode(a, t, 1, d, "fp8")
             f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t, ["-p", 0, "-n", a.decode, "-d", d])
             if a.ik_bin:
                 f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t,
@@ -107,17 +109,17 @@ def main():
             report(t, f"decode @ depth {d}", f)
         for p in a.prompts:
             f = {}
-            f["dserve"], _ = dserve_generate(a, t, p, 1, "float16")
+            f["dserve"] = dserve_prompt(a, t, p)
             f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t, ["-p", p, "-n", 0])
             if a.ik_bin:
                 f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t, ["-p", p, "-n", 0] + IK_FLAGS)
             report(t, f"prompt {p}", f)
         for c in a.concurrency:
-            f = {"dserve": dserve_concurrent(a, t, c),
+            f = {"dserve": dserve_decode(a, t, c, 128, "float16"),
                  "llama.cpp": batched_bench(a.llama_bin, a.gguf, t, c, a.decode)}
             if a.ik_bin:
                 f["ik_llama.cpp"] = batched_bench(a.ik_bin, a.gguf, t, c, a.decode,
-                                                  ["-mla", 3, "-fa", 1, "-fmoe", 1])
+                                                  ["-mla", 3, "-fa", "on", "-rtr"])
             report(t, f"{c} concurrent decodes", f)
     with open(a.json, "w") as f:
         json.dump(rows, f, indent=1)

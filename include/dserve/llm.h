@@ -105,6 +105,15 @@ class LLM {
 
   // The engine's counters (steps, preemptions, prefix-cache hits, blocks).
   EngineStats stats() const;
+  // The last generate() call's time, and its decode phase: from the end of the step
+  // after which every sequence had a token to the end (a benchmark's decode speed with
+  // the prompts' processing left out).
+  struct GenerateTiming {
+    double seconds = 0;
+    double decode_seconds = 0;
+    int64_t decode_tokens = 0;
+  };
+  GenerateTiming last_generate_timing() const { return last_timing_; }
   // The model's own counters in one line (MoE expert use, expert-parallel traffic);
   // may be empty.
   std::string model_stats() const;
@@ -118,6 +127,7 @@ class LLM {
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CausalLm> model_;  // before engine_: the engine borrows it
+  GenerateTiming last_timing_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<LlmEngine> engine_;
   RequestId next_id_ = 0;

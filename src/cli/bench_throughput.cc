@@ -96,6 +96,12 @@ Status bench(const BenchThroughputOptions& o) {
   std::printf("Throughput: %.2f requests/s, %.2f total tokens/s, %.2f output tokens/s\n", rps,
               (n_in + n_out) / elapsed, n_out / elapsed);
   std::printf("Input tokens/s: %.2f\n", n_in / elapsed);
+  // The decode phase alone: after every sequence had its first token.
+  const LLM::GenerateTiming timing = llm->last_generate_timing();
+  const double decode_rate =
+      timing.decode_seconds > 0 ? static_cast<double>(timing.decode_tokens) / timing.decode_seconds : 0.0;
+  std::printf("Decode, once every sequence has a token: %lld tokens in %.3f s (%.2f tokens/s)\n",
+              static_cast<long long>(timing.decode_tokens), timing.decode_seconds, decode_rate);
   std::printf("Total num prompt tokens:  %lld\n", static_cast<long long>(n_in));
   std::printf("Total num output tokens:  %lld\n", static_cast<long long>(n_out));
   std::printf(
@@ -112,6 +118,9 @@ Status bench(const BenchThroughputOptions& o) {
                         {"tokens_per_second", (n_in + n_out) / elapsed},
                         {"input_tokens_per_second", n_in / elapsed},
                         {"output_tokens_per_second", n_out / elapsed},
+                        {"decode_tokens", timing.decode_tokens},
+                        {"decode_seconds", timing.decode_seconds},
+                        {"decode_tokens_per_second", decode_rate},
                         {"num_preemptions", st.n_preemptions}};
     std::ofstream(o.output_json) << j.dump(2) << "\n";
   }

@@ -1,6 +1,7 @@
 #include "dserve/llm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <new>
 #include <optional>
 
@@ -203,11 +204,26 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
     first_output += static_cast<size_t>(n);
   }
 
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  std::optional<Clock::time_point> decode_start;
+  int64_t n_tokens = 0, tokens_at_decode_start = 0;
+  size_t n_started = 0;  // sequences with a token
   while (!pending.empty()) {
     Result<std::vector<EngineOutput>> step = engine_->step();
     if (!step.ok()) {
       abort_all();
       return step.status();
+    }
+    for (const EngineOutput& e : *step) {
+      auto it = pending.find(e.id);
+      if (it == pending.end() || e.new_token_ids.empty()) continue;
+      n_tokens += static_cast<int64_t>(e.new_token_ids.size());
+      if (outs[it->second.index].token_ids.empty()) ++n_started;
+    }
+    if (!decode_start && n_started == outs.size()) {
+      decode_start = Clock::now();
+      tokens_at_decode_start = n_tokens;
     }
     for (EngineOutput& e : *step) {
       auto it = pending.find(e.id);
@@ -239,6 +255,11 @@ Result<std::vector<CompletionOutput>> LLM::generate(const std::vector<Prompt>& p
       pending.erase(it);
     }
   }
+  const Clock::time_point end = Clock::now();
+  last_timing_.seconds = std::chrono::duration<double>(end - t0).count();
+  last_timing_.decode_seconds =
+      decode_start ? std::chrono::duration<double>(end - *decode_start).count() : 0.0;
+  last_timing_.decode_tokens = decode_start ? n_tokens - tokens_at_decode_start : 0;
   return outs;
 }
 
