@@ -55,7 +55,8 @@ Result<ChatTemplateSource> from_hf_dir(const fs::path& dir) {
     } else if (ct->is_array()) {
       bool found = false;
       for (const auto& entry : *ct) {
-        if (entry.is_object() && entry.value("name", "") == "default" &&
+        const auto name = entry.is_object() ? entry.find("name") : entry.end();
+        if (name != entry.end() && name->is_string() && name->get<std::string>() == "default" &&
             entry.contains("template") && entry["template"].is_string()) {
           out.source = entry["template"].get<std::string>();
           found = true;

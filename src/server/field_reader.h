@@ -16,6 +16,15 @@
 
 namespace dserve::server {
 
+// j[key] when j is an object holding a string there, else "": for reading the type tag
+// of a request's parts and items, which may hold anything (nlohmann's value() throws
+// when the key holds another type).
+inline std::string string_member(const nlohmann::ordered_json& j, const char* key) {
+  if (!j.is_object()) return "";
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 class FieldReader {
  public:
   explicit FieldReader(const nlohmann::ordered_json& body) : body_(body) {}

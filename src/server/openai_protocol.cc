@@ -249,7 +249,7 @@ void read_tools(FieldReader& f, ChatRequest& r) {
     for (size_t i = 0; i < tools->size(); ++i) {
       const json& t = (*tools)[i];
       const std::string where = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+      if (!t.is_object() || string_member(t, "type") != "function" || !t.contains("function") ||
           !t["function"].is_object()) {
         return f.fail(where + " must be {\"type\": \"function\", \"function\": {...}}", "tools");
       }
@@ -398,7 +398,7 @@ Parsed<ChatRequest> parse_chat_request(const json& body) {
           f.fail(where + "." + *check_tool_calls(m["tool_calls"]), "messages");
         } else if (m.contains("content") && m["content"].is_array()) {
           for (const json& part : m["content"]) {
-            if (!part.is_object() || part.value("type", "") != "text" ||
+            if (!part.is_object() || string_member(part, "type") != "text" ||
                 !part.contains("text") || !part["text"].is_string()) {
               f.fail(where + ".content: only text parts ({\"type\": \"text\", \"text\": ...}) "
                              "are supported",

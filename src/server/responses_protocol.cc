@@ -86,7 +86,7 @@ std::optional<std::string> chat_content(const json& content, json* out) {
   if (!content.is_array()) return "content must be a string or a list of content parts";
   *out = json::array();
   for (const json& part : content) {
-    const std::string type = part.is_object() ? part.value("type", "") : "";
+    const std::string type = string_member(part, "type");
     const char* field = type == "refusal" ? "refusal" : "text";
     if (type != "input_text" && type != "output_text" && type != "refusal") {
       return "content part type \"" + type +
@@ -117,7 +117,7 @@ std::optional<std::string> add_message(const json& item, json& messages) {
 
 std::optional<std::string> string_field(const json& item, const char* name, std::string* out) {
   if (!item.contains(name) || !item[name].is_string()) {
-    return std::string("a ") + item.value("type", "") + " item needs a string " + name;
+    return std::string("a ") + string_member(item, "type") + " item needs a string " + name;
   }
   *out = item[name].get<std::string>();
   return std::nullopt;
@@ -286,7 +286,7 @@ void read_text(FieldReader& f, json& chat, json& echo) {
   }
   const json format = text->value("format", json(nullptr));
   if (format.is_null()) return;
-  const std::string type = format.is_object() ? format.value("type", "") : "";
+  const std::string type = string_member(format, "type");
   if (type == "text") {
     echo["text"]["format"] = format;
   } else if (type == "json_object") {

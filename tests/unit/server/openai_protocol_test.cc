@@ -159,6 +159,19 @@ TEST(OpenAiProtocol, BadValuesNameTheirField) {
   auto empty = parse_chat_request({{"messages", json::array()}});
   ASSERT_TRUE(std::holds_alternative<ApiError>(empty));
   EXPECT_EQ(std::get<ApiError>(empty).param, "messages");
+  // A type tag of another type than string (found by fuzz_openai_request: an uncaught
+  // exception) is the part's or tool's error.
+  for (const json& type : kOddValues) {
+    const json part = {{"type", type}, {"text", "hi"}};
+    auto bad_part = parse_chat_request(
+        {{"messages", {{{"role", "user"}, {"content", json::array({part})}}}}});
+    ASSERT_TRUE(std::holds_alternative<ApiError>(bad_part)) << type;
+    EXPECT_EQ(std::get<ApiError>(bad_part).param, "messages") << type;
+    auto bad_tool = parse_chat_request({{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                        {"tools", {{{"type", type}, {"function", {{"name", "f"}}}}}}});
+    ASSERT_TRUE(std::holds_alternative<ApiError>(bad_tool)) << type;
+    EXPECT_EQ(std::get<ApiError>(bad_tool).param, "tools") << type;
+  }
 }
 
 }  // namespace
