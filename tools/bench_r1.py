@@ -36,10 +36,20 @@ def run(cmd):
     return r
 
 
+def warm(path):
+    """Reads the model file into the page cache: an engine that loads a repacked copy
+    (ik_llama.cpp's -rtr) may have pushed part of it out, and every engine's run must
+    start with it in memory, not on disk."""
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
 def dserve_throughput(a, threads, n, input_len, output_len, kv_dtype):
     """`dserve bench throughput`'s JSON for n prompts of input_len random tokens and
     output_len tokens each, through the serving engine (paged cache of kv_dtype)."""
     out = f"/tmp/bench_r1_throughput_{n}_{input_len}_{output_len}.json"
+    warm(a.gguf)
     run([a.dserve, "bench", "throughput", "--model", a.gguf, "--threads", threads,
          "--num-prompts", n, "--input-len", input_len, "--output-len", output_len,
          "--max-num-seqs", n, "--kv-cache-dtype", kv_dtype, "--no-enable-prefix-caching",
@@ -62,12 +72,14 @@ def dserve_prompt(a, threads, n_prompt):
 
 
 def llama_bench(bin_dir, model, threads, args):
+    warm(model)
     r = run([f"{bin_dir}/llama-bench", "-m", model, "-t", threads, "-r", 1, "-o", "json"] + args)
     rows = json.loads(r.stdout)
     return rows[-1]["avg_ts"]
 
 
 def batched_bench(bin_dir, model, threads, n, n_decode, extra=()):
+    warm(model)
     r = run([f"{bin_dir}/llama-batched-bench", "-m", model, "-t", threads, "-c",
              n * (128 + n_decode) + 64, "-npp", 128, "-ntg", n_decode, "-npl", n, *extra])
     # The table's last row: |PP|TG|B|N_KV|T_PP s|S_PP t/s|T_TG s|S_TG t/s|T s|S t/s|
