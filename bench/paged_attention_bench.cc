@@ -153,38 +153,21 @@ struct MlaCase {
 
 template <typename Elem>
 void bm_mla(benchmark::State& state, MlaCase c, DType dtype) {
-  std::mt19937 rng(11);
-  std::normal_distribution<float> dist;
-  const int blocks_per_seq = (c.n_ctx + c.block_size - 1) / c.block_size;
-  std::vector<int32_t> tables(int64_t{c.n_seqs} * blocks_per_seq);
-  std::iota(tables.begin(), tables.end(), 0);
-  std::shuffle(tables.begin(), tables.end(), rng);
-  std::vector<int64_t> offsets;
-  for (int s = 0; s <= c.n_seqs; ++s) offsets.push_back(int64_t{s} * blocks_per_seq);
-  std::vector<Elem> pool(tables.size() * c.block_size * c.latent);
-  for (auto& x : pool) {
-    const float v = dist(rng);
-    if constexpr (sizeof(Elem) == 2) x = f32_to_f16(v);
-    else if constexpr (sizeof(Elem) == 1) x = f32_to_fp8_e4m3(v);
-    else x = v;
+  // One latent pool: PagedSetup's key pool, one KV head of the latent's width.
+  PagedSetup p(Case{c.n_seqs, c.n_ctx, 1, c.n_heads, 1, c.latent, c.block_size});
+  const void* pool = p.k_pool.data();
+  std::vector<uint8_t> pool8;
+  if constexpr (sizeof(Elem) == 2) pool = p.k_pool16.data();
+  if constexpr (sizeof(Elem) == 1) {
+    pool8.resize(p.k_pool.size());
+    for (size_t i = 0; i < pool8.size(); ++i) pool8[i] = f32_to_fp8_e4m3(p.k_pool[i]);
+    pool = pool8.data();
   }
-  std::vector<int32_t> seq_of_token(c.n_seqs), positions(c.n_seqs, c.n_ctx - 1);
-  std::iota(seq_of_token.begin(), seq_of_token.end(), 0);
-  std::vector<float> q(int64_t{c.n_seqs} * c.n_heads * c.latent), out(q.size());
-  for (auto& x : q) x = dist(rng);
-  PagedBatch batch{};
-  batch.n_tokens = c.n_seqs;
-  batch.positions = positions.data();
-  batch.seq_of_token = seq_of_token.data();
-  batch.n_seqs = c.n_seqs;
-  batch.block_tables = tables.data();
-  batch.block_table_offsets = offsets.data();
-  batch.block_size = c.block_size;
   Backend& b = bench_backend();
   for (auto _ : state) {
-    b.paged_latent_attention(q.data(), dtype, pool.data(), out.data(), batch, c.n_heads,
+    b.paged_latent_attention(p.q.data(), dtype, pool, p.out.data(), p.batch, c.n_heads,
                              c.latent, c.v_dim, 0.05f);
-    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(p.out.data());
   }
   const double keys = double(state.iterations()) * c.n_seqs * c.n_ctx;
   state.SetBytesProcessed(static_cast<int64_t>(keys * c.latent * sizeof(Elem)));

@@ -587,7 +587,7 @@ Status DeepseekModel::bind_weights() {
     for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);  // null: another rank's expert
   };
   prepare(lm_head_);
-  const bool pack_experts = packs_routed_experts();
+  pack_experts_ = packs_routed_experts();
   for (const LayerWeights& w : layers_) {
     for (const TensorView* t : {w.q_proj, w.q_a, w.q_b, w.kv_a, w.kv_b, w.o_proj, w.router}) {
       prepare(t);
@@ -596,7 +596,7 @@ Status DeepseekModel::bind_weights() {
     for (const TensorView& t : w.w_uv) prepare(&t);
     prepare_mlp(w.dense);
     prepare_mlp(w.shared);
-    if (pack_experts) {
+    if (pack_experts_) {
       for (const Mlp& m : w.experts) prepare_mlp(m);
     }
   }
@@ -1041,7 +1041,7 @@ Status DeepseekModel::enable_mtp() {
   for (const Mlp* m : {&w.dense, &w.shared}) {
     for (const TensorView* t : {m->gate, m->up, m->down}) prepare(t);
   }
-  if (packs_routed_experts()) {
+  if (pack_experts_) {  // as bind_weights decided for the main layers
     for (const Mlp& m : w.experts) {
       for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);
     }

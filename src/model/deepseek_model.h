@@ -302,7 +302,8 @@ class DeepseekModel {
   void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv);
   // The layer's kv_b_proj, built from attn_k_b / attn_v_b when the file has only those.
   const TensorView& expanded_kv_b(int layer);
-  // Whether the routed experts get the backend's packed copies (bind_weights).
+  // Whether the routed experts get the backend's packed copies (decided once, by
+  // bind_weights, into pack_experts_; logged).
   bool packs_routed_experts() const;
   // attend_latent(q_abs [n, H, r + rope], out_lat [n, H, out_row]) runs the latent
   // attention (contiguous or paged) and returns out_row: r + rope or r (values only
@@ -329,6 +330,7 @@ class DeepseekModel {
   dist::Communicator* comm_ = nullptr;            // never null after load()
   int64_t head_begin_ = 0;                        // this rank's first attention head
   bool expert_parallel_ = false;
+  bool pack_experts_ = false;  // routed experts get packed copies (bind_weights)
   std::unique_ptr<ExpertDispatch> dispatch_;       // with an expert-parallel group over engines
   int64_t n_experts_held_ = 0;
   int64_t expert_begin_ = 0, expert_end_ = 0;      // this rank's routed experts
