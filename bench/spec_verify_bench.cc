@@ -31,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 struct StepInputs {
   std::vector<int32_t> tokens, positions, seq, tables, rows;
   std::vector<int64_t> offsets;
-  ModelBatch batch() const { return {tokens, positions, seq, tables, offsets, rows}; }
+  ModelBatch batch() const { return {tokens, positions, seq, tables, offsets, rows, {}}; }
 };
 
 // B sequences, sequence s owning blocks [s * per_seq, (s + 1) * per_seq); each gets

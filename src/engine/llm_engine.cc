@@ -226,8 +226,12 @@ void LlmEngine::build_batch(const sched::SchedulerOutput& plan) {
   b.first_sample_row.assign(plan.requests.size(), -1);
   b.first_token.assign(plan.requests.size(), 0);
   b.block_table_offsets.assign(1, 0);
+  b.prompt_lens.clear();
   for (size_t s = 0; s < plan.requests.size(); ++s) {
     const sched::ScheduledRequest& r = plan.requests[s];
+    const sched::Request* req = scheduler_->find(r.id);
+    DS_CHECK(req != nullptr);
+    b.prompt_lens.push_back(req->n_prompt_tokens);
     std::vector<int32_t>& table = block_tables_[r.id];
     if (r.is_new || r.is_resumed) table.clear();
     table.insert(table.end(), r.new_block_ids.begin(), r.new_block_ids.end());
@@ -382,6 +386,7 @@ Result<std::vector<EngineOutput>> LlmEngine::step() {
     mb.block_tables = batch_.block_tables;
     mb.block_table_offsets = batch_.block_table_offsets;
     mb.logits_rows = batch_.logits_rows;
+    mb.prompt_lens = batch_.prompt_lens;
     ++n_forward_passes_;
     DS_RETURN_IF_ERROR(model_.forward_batch(mb, *cache_, &logits_));
     n_computed_tokens_ += mb.n_tokens();

@@ -172,6 +172,7 @@ class LlmEngine {
   struct Batch {
     std::vector<int32_t> tokens, positions, seq_of_token, block_tables, logits_rows;
     std::vector<int64_t> block_table_offsets;
+    std::vector<int32_t> prompt_lens;  // per plan request
     // Per logits row: the prompt position it scores (prompt_logprobs), or -1 for a
     // sampling row; and the request it belongs to.
     std::vector<int32_t> row_prompt_pos;

@@ -60,7 +60,7 @@ Status MtpProposer::propose(const sched::SchedulerOutput& plan, const StepView& 
   }
   if (tokens_.empty()) return Status::Ok();
   ModelBatch pass{tokens_, positions_, seq_, step.block_tables, step.block_table_offsets,
-                  logits_rows_};
+                  logits_rows_, {}};
   DS_RETURN_IF_ERROR(model_.forward_mtp(pass, cache, rows_, /*prev_is_target=*/true, &logits_));
   std::vector<int32_t> next;
   argmax_rows(drafting.size(), &next);
@@ -97,7 +97,7 @@ Status MtpProposer::propose(const sched::SchedulerOutput& plan, const StepView& 
       still.push_back(d);
     }
     if (still.empty()) break;
-    ModelBatch chain{tokens_, positions_, seq_, tables_, offsets_, logits_rows_};
+    ModelBatch chain{tokens_, positions_, seq_, tables_, offsets_, logits_rows_, {}};
     DS_RETURN_IF_ERROR(model_.forward_mtp(chain, cache, rows_, /*prev_is_target=*/false, &logits_));
     argmax_rows(still.size(), &next);
     for (size_t j = 0; j < still.size(); ++j) {

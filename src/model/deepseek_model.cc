@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "base/check.h"
@@ -67,11 +68,15 @@ DeepseekModel::DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend
 void DeepseekModel::Scratch::bind(Backend& backend) {
   for (DeviceArray<float>* a : {&x, &xb, &qa, &q, &kva, &att, &c_all, &kvb, &k, &v, &q_abs, &out_lat,
                                 &tmp_in, &tmp_out, &gate, &up, &moe_out, &expert_in, &expert_out,
-                                &router, &expert_weights, &rows, &mtp_prev, &mtp_cat}) {
+                                &router, &expert_weights, &rows, &mtp_prev, &mtp_cat, &att_parts,
+                                &q_part, &latent_rows}) {
     a->bind(&backend);
   }
-  expert_ids.bind(&backend);
-  mtp_rows.bind(&backend);
+  for (DeviceArray<int32_t>* a : {&expert_ids, &mtp_rows, &mla.order_buf, &mla.rows_buf,
+                                  &mla.absorbed_buf}) {
+    a->bind(&backend);
+  }
+  mla.slots_buf.bind(&backend);
   batch.bind(backend);
 }
 
@@ -106,6 +111,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
       new DeepseekModel(std::move(files), backend, std::move(config)));
   model->max_context_ = max_context;
   model->path_ = path;
+  model->min_expanded_tokens_ = expanded_min_tokens(model->config_);
   if (comm == nullptr) {
     model->own_comm_ = dist::make_single_rank_communicator();
     comm = model->own_comm_.get();
@@ -723,14 +729,13 @@ void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const flo
 //     r + rope, the rope part then dropped); attend_latent returns out_row
 //   att_h [n, v] = out_lat_h[:, :r] · W_UV_hᵀ
 template <typename LatentAttendFn>
-void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
+void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n, const float* q, float* att,
                                     LatentAttendFn&& attend_latent) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
                 rope = c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
-  float* q = s.q.get();
   float* q_abs = s.q_abs.ensure(n * H * row);
   float* out_lat = s.out_lat.ensure(n * H * row);
   // Every head's product as one grouped matmul (head h: its own input rows and
@@ -765,7 +770,7 @@ void DeepseekModel::attend_absorbed(const LayerWeights& w, int64_t n,
   }
   backend_.matmul_grouped(groups.data(), static_cast<int>(H));
   // att [n, H, v] = tmp_out per head
-  backend_.copy_strided(s.att.get(), tmp_out, {.n0 = H, .n1 = n, .len = vd, .dst_stride0 = vd,
+  backend_.copy_strided(att, tmp_out, {.n0 = H, .n1 = n, .len = vd, .dst_stride0 = vd,
                                                .dst_stride1 = H * vd, .src_stride0 = n * vd,
                                                .src_stride1 = vd});
 }
@@ -814,7 +819,7 @@ void DeepseekModel::attention(int layer, int64_t n, int64_t n_kv, MlaKvCache& kv
   float* latent = kv.latent(layer);  // [capacity, r + rope]; a position's slot is itself
   backend_.kv_store(DType::kF32, latent, row, scratch_.kva.get(), scratch_.batch.slots(), n);
   if (absorbed) {
-    attend_absorbed(w, n, [&](const float* q_abs, float* out_lat) {
+    attend_absorbed(w, n, scratch_.q.get(), scratch_.att.get(), [&](const float* q_abs, float* out_lat) {
       backend_.attention(q_abs, latent, latent, out_lat, n, scratch_.batch.positions(), n_kv,
                          static_cast<int>(H), 1, static_cast<int>(row), static_cast<int>(row),
                          c.softmax_scale());
@@ -955,22 +960,171 @@ DeepseekConfig DeepseekModel::cache_config() const {
   return c;
 }
 
+// A paged step's split of its tokens between MLA's two forms. Per query and cached key
+// the absorbed form costs H (r + rope + r) MACs and the expanded H (qk + v), plus, once
+// per key and step, H (nope + v) r to expand the key: expanding pays once a sequence has
+// more than (nope + v) r / (2 r + rope - qk - v) queries in a step (R1: 171). Which form
+// a token takes must not depend on how the scheduler cut its prompt (a request's
+// output is the same alone and in any batch), so it is decided per token from its
+// position and its prompt's length: prompt tokens at least that many before the
+// prompt's end attend expanded, the prompt's tail and every generated token absorbed.
+// A long prompt is then mostly expanded in every chunk, a short one, a prompt's last
+// tokens after a long cached prefix, and decode steps absorbed. DSERVE_MLA_PREFILL=
+// absorbed (never expand) or expanded (every prompt token) overrides the rule.
+int64_t DeepseekModel::expanded_min_tokens(const DeepseekConfig& c) {
+  const char* env = std::getenv("DSERVE_MLA_PREFILL");
+  const std::string mode = env != nullptr ? env : "";
+  if (mode == "absorbed") return std::numeric_limits<int64_t>::max();
+  if (mode == "expanded") return 1;
+  const int64_t r = c.kv_lora_rank;
+  const int64_t saved = 2 * r + c.qk_rope_head_dim - c.qk_head_dim() - c.v_head_dim;
+  if (saved <= 0) return std::numeric_limits<int64_t>::max();
+  const int64_t expand = (c.qk_nope_head_dim + c.v_head_dim) * r;
+  return std::max<int64_t>(1, (expand + saved - 1) / saved);
+}
+
+void DeepseekModel::plan_paged_mla(const ModelBatch& batch, const PagedBatch& pb) {
+  PagedMlaSplit& m = scratch_.mla;
+  m.runs.clear();
+  m.absorbed_rows.clear();
+  m.key_slots.clear();
+  m.order.assign(batch.tokens.size(), 0);
+  m.absorbed = pb;
+  if (batch.prompt_lens.empty()) return;
+  const int64_t n = batch.n_tokens(), bs = pb.block_size;
+  auto expands = [&](int64_t t) {
+    const int64_t len = batch.prompt_lens[batch.seq_of_token[t]];
+    return batch.positions[t] < len && len - batch.positions[t] >= min_expanded_tokens_;
+  };
+  std::vector<int32_t> expanded;  // the batch tokens of the runs, in order
+  for (int64_t t = 0; t < n;) {
+    if (!expands(t)) {
+      m.absorbed_rows.push_back(static_cast<int32_t>(t++));
+      continue;
+    }
+    // A run: consecutive expanded tokens of one sequence, each reading its keys
+    // through the run's one expansion of keys 0 .. its last position.
+    PagedMlaSplit::Run run{.first = t, .n = 0, .n_kv = 0,
+                           .slots_at = static_cast<int64_t>(m.key_slots.size())};
+    const int32_t seq = batch.seq_of_token[t];
+    for (; t < n && batch.seq_of_token[t] == seq && expands(t); ++t, ++run.n) {
+      run.n_kv = std::max<int64_t>(run.n_kv, int64_t{batch.positions[t]} + 1);
+      expanded.push_back(static_cast<int32_t>(t));
+    }
+    const int32_t* table = batch.block_tables.data() + batch.block_table_offsets[seq];
+    for (int64_t p = 0; p < run.n_kv; ++p) m.key_slots.push_back(int64_t{table[p / bs]} * bs + p % bs);
+    m.runs.push_back(run);
+  }
+  if (m.runs.empty()) return;
+  // Token t's attention row in [absorbed tokens' rows | each run's rows].
+  const int64_t n_absorbed = static_cast<int64_t>(m.absorbed_rows.size());
+  for (int64_t i = 0; i < n_absorbed; ++i) m.order[m.absorbed_rows[i]] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < expanded.size(); ++i) {
+    m.order[expanded[i]] = static_cast<int32_t>(n_absorbed + static_cast<int64_t>(i));
+  }
+  m.dev_order = m.order_buf.upload(m.order.data(), n);
+  m.dev_slots = m.slots_buf.upload(m.key_slots.data(), static_cast<int64_t>(m.key_slots.size()));
+  m.dev_absorbed_rows = m.rows_buf.upload(m.absorbed_rows.data(), n_absorbed);
+  // The absorbed tokens' own batch: their positions and sequences, the step's tables.
+  std::vector<int32_t>& host = m.host_positions;
+  host.clear();
+  for (int32_t t : m.absorbed_rows) host.push_back(batch.positions[t]);
+  for (int32_t t : m.absorbed_rows) host.push_back(batch.seq_of_token[t]);
+  const int32_t* dev = m.absorbed_buf.upload(host.data(), 2 * n_absorbed);
+  m.absorbed.n_tokens = n_absorbed;
+  m.absorbed.positions = dev;
+  m.absorbed.seq_of_token = dev + n_absorbed;
+}
+
 void DeepseekModel::attention_paged(int layer, int64_t n, const PagedBatch& batch,
                                     PagedMlaCache& cache) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
-  const int64_t H = c.n_heads, row = c.latent_dim();
+  Scratch& s = scratch_;
+  const int64_t H = c.n_heads, row = c.latent_dim(), qk = c.qk_head_dim(), vd = c.v_head_dim;
   project_qkv(layer, n);
   void* pool = cache.latent(layer);  // [n_slots, r + rope] of cache.dtype()
   const DType dtype = cache.dtype();
   // The whole step's latents first: a sequence may read, through a shared prefix
   // block, rows another sequence of this step writes.
-  backend_.kv_store(dtype, pool, row, scratch_.kva.get(), scratch_.batch.slots(), n);
-  attend_absorbed(layers_[layer], n, [&](const float* q_abs, float* out_lat) {
-    backend_.paged_latent_attention(q_abs, dtype, pool, out_lat, batch, static_cast<int>(H),
-                                    static_cast<int>(row), static_cast<int>(c.kv_lora_rank),
-                                    c.softmax_scale());
-    return c.kv_lora_rank;
-  });
+  backend_.kv_store(dtype, pool, row, s.kva.get(), s.batch.slots(), n);
+  auto absorbed = [&](int64_t n_q, const float* q, float* att, const PagedBatch& pb) {
+    attend_absorbed(layers_[layer], n_q, q, att, [&](const float* q_abs, float* out_lat) {
+      backend_.paged_latent_attention(q_abs, dtype, pool, out_lat, pb, static_cast<int>(H),
+                                      static_cast<int>(row), static_cast<int>(c.kv_lora_rank),
+                                      c.softmax_scale());
+      return c.kv_lora_rank;
+    });
+  };
+  const PagedMlaSplit& m = s.mla;
+  if (m.runs.empty()) {
+    absorbed(n, s.q.get(), s.att.get(), batch);
+    return;
+  }
+  // Rows of [absorbed | runs], then into the step's order.
+  float* parts = s.att_parts.ensure(n * H * vd);
+  const int64_t n_absorbed = m.absorbed.n_tokens;
+  if (n_absorbed > 0) {
+    float* q_absorbed = s.q_part.ensure(n_absorbed * H * qk);
+    backend_.gather_rows(s.q.get(), H * qk, m.dev_absorbed_rows, n_absorbed, q_absorbed);
+    absorbed(n_absorbed, q_absorbed, parts, m.absorbed);
+  }
+  int64_t at = n_absorbed;
+  for (const PagedMlaSplit::Run& run : m.runs) {
+    attend_expanded_run(layer, run, dtype, pool, batch.positions + run.first,
+                        parts + at * H * vd);
+    at += run.n;
+  }
+  backend_.gather_rows(parts, H * vd, m.dev_order, n, s.att.get());
+}
+
+// One run of expanded queries over their sequence's paged latents:
+//   c [n_kv, r + rope] <- the latents of positions 0 .. n_kv - 1 (as floats)
+//   per group of heads: kvb = c[:, :r] · kv_b_groupᵀ, keys [nope part | k_pe], values,
+//   attention(q of the run's tokens) -> out [run.n, H, v]
+// The groups bound the expanded keys' memory (a 32K-token context at R1's widths
+// expands to 75 MiB per head).
+void DeepseekModel::attend_expanded_run(int layer, const PagedMlaSplit::Run& run, DType dtype,
+                                        const void* pool, const int32_t* positions, float* out) {
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
+  Scratch& s = scratch_;
+  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
+                rope = c.qk_rope_head_dim;
+  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
+  const int64_t n_kv = run.n_kv, n_q = run.n;
+  const TensorView& kv_b = expanded_kv_b(layer);
+  float* latent = s.latent_rows.ensure(n_kv * row);
+  backend_.kv_gather(dtype, pool, row, s.mla.dev_slots + run.slots_at, n_kv, latent);
+  float* c_all = s.c_all.ensure(n_kv * r);
+  backend_.copy_strided(c_all, latent, {.n0 = n_kv, .len = r, .dst_stride0 = r, .src_stride0 = row});
+  constexpr int64_t kExpandedBytes = int64_t{256} << 20;
+  const int64_t per_head = n_kv * (nope + vd + qk + vd) * int64_t{sizeof(float)};
+  const int64_t group = std::clamp<int64_t>(kExpandedBytes / per_head, 1, H);
+  const int64_t kvb_row = nope + vd;
+  for (int64_t h0 = 0; h0 < H; h0 += group) {
+    const int64_t g = std::min(group, H - h0);
+    float* kvb = s.kvb.ensure(n_kv * g * kvb_row);
+    float* k = s.k.ensure(n_kv * g * qk);
+    float* v = s.v.ensure(n_kv * g * vd);
+    float* q = s.q_part.ensure(n_q * g * qk);
+    float* o = s.tmp_out.ensure(n_q * g * vd);
+    backend_.matmul(row_slice(kv_b, h0 * kvb_row, g * kvb_row), nullptr, c_all, n_kv, kvb);
+    backend_.copy_strided(k, kvb, {.n0 = n_kv, .n1 = g, .len = nope, .dst_stride0 = g * qk,
+                                   .dst_stride1 = qk, .src_stride0 = g * kvb_row,
+                                   .src_stride1 = kvb_row});
+    backend_.copy_strided(k + nope, latent + r, {.n0 = n_kv, .n1 = g, .len = rope,
+                                                 .dst_stride0 = g * qk, .dst_stride1 = qk,
+                                                 .src_stride0 = row, .src_stride1 = 0});
+    backend_.copy_strided(v, kvb + nope, {.n0 = n_kv, .n1 = g, .len = vd, .dst_stride0 = g * vd,
+                                          .dst_stride1 = vd, .src_stride0 = g * kvb_row,
+                                          .src_stride1 = kvb_row});
+    backend_.copy_strided(q, s.q.get() + (run.first * H + h0) * qk,
+                          {.n0 = n_q, .len = g * qk, .dst_stride0 = g * qk, .src_stride0 = H * qk});
+    backend_.attention(q, k, v, o, n_q, positions, n_kv, static_cast<int>(g),
+                       static_cast<int>(g), static_cast<int>(qk), static_cast<int>(vd),
+                       c.softmax_scale());
+    backend_.copy_strided(out + h0 * vd, o, {.n0 = n_q, .len = g * vd, .dst_stride0 = H * vd,
+                                             .src_stride0 = g * vd});
+  }
 }
 
 Status DeepseekModel::forward_batch(const ModelBatch& batch, PagedMlaCache& cache,
@@ -981,6 +1135,7 @@ Status DeepseekModel::forward_batch(const ModelBatch& batch, PagedMlaCache& cach
                                          cache.n_blocks(), cache.block_size(), &slots, &host));
   const int64_t n = batch.n_tokens();
   const PagedBatch pb = scratch_.batch.upload_paged(batch, host, slots);
+  plan_paged_mla(batch, pb);
   DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention_paged(l, n, pb, cache); }));
   return compute_logits(static_cast<int64_t>(batch.logits_rows.size()), logits);
 }
@@ -1085,6 +1240,7 @@ Status DeepseekModel::forward_mtp(const ModelBatch& batch, PagedMlaCache& cache,
   DS_RETURN_IF_ERROR(resolve_paged_batch(batch, config_.vocab_size, max_context_,
                                          cache.n_blocks(), cache.block_size(), &slots, &host));
   const PagedBatch pb = s.batch.upload_paged(batch, host, slots);
+  plan_paged_mla(batch, pb);
   ensure_scratch(n);
   float* x = s.x.get();
   // e [n, hidden] = enorm(embedding), zero at position 0 (vLLM's deepseek_mtp: nothing

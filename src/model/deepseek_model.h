@@ -204,6 +204,27 @@ class DeepseekModel {
   // Activations in the backend's memory (grown on demand) and the step's inputs there;
   // host vectors only for what the host itself plans (matmul groups, batch checks, the
   // expert-parallel exchange).
+  // How a paged step's tokens attend (plan_paged_mla): runs of consecutive prompt
+  // tokens of one sequence expanded, the rest absorbed over their own PagedBatch.
+  struct PagedMlaSplit {
+    struct Run {
+      int64_t first = 0;     // its first batch token
+      int64_t n = 0;         // tokens
+      int64_t n_kv = 0;      // keys: its sequence's positions 0 .. n_kv - 1
+      int64_t slots_at = 0;  // where its keys' slots start in key_slots
+    };
+    std::vector<Run> runs;
+    std::vector<int32_t> absorbed_rows;   // batch tokens attending absorbed
+    std::vector<int32_t> order;           // [n] token t's row in [absorbed | runs]
+    std::vector<int64_t> key_slots;       // the runs' keys' cache slots
+    std::vector<int32_t> host_positions;  // upload staging
+    PagedBatch absorbed;                  // over absorbed_rows (backend memory)
+    const int32_t* dev_order = nullptr;
+    const int32_t* dev_absorbed_rows = nullptr;
+    const int64_t* dev_slots = nullptr;
+    DeviceArray<int32_t> order_buf, rows_buf, absorbed_buf;
+    DeviceArray<int64_t> slots_buf;
+  };
   struct Scratch {
     void bind(Backend& backend);
     DeviceArray<float> x, xb;                  // [n, hidden]
@@ -237,6 +258,11 @@ class DeepseekModel {
     DeviceArray<int32_t> mtp_rows;             // [n]
     DeviceArray<float> mtp_prev;               // [n, hidden]
     DeviceArray<float> mtp_cat;                // [n, 2 hidden]
+    // A paged step's MLA forms (plan_paged_mla) and the expanded runs' buffers.
+    PagedMlaSplit mla;
+    DeviceArray<float> att_parts;              // [n, H * v] [absorbed | runs]
+    DeviceArray<float> q_part;                 // [n, H, qk] gathered queries
+    DeviceArray<float> latent_rows;            // [n_kv, r + rope] a run's latents
   };
   // The MTP module's own weights; its decoder block is layers_[n_layers].
   struct MtpWeights {
@@ -309,7 +335,16 @@ class DeepseekModel {
   // attention (contiguous or paged) and returns out_row: r + rope or r (values only
   // the latent part).
   template <typename LatentAttendFn>
-  void attend_absorbed(const LayerWeights& w, int64_t n, LatentAttendFn&& attend_latent);
+  void attend_absorbed(const LayerWeights& w, int64_t n, const float* q, float* att,
+                       LatentAttendFn&& attend_latent);
+  // Prompt tokens at least this many before their prompt's end attend expanded in a
+  // paged step (see plan_paged_mla); DSERVE_MLA_PREFILL overrides.
+  static int64_t expanded_min_tokens(const DeepseekConfig& c);
+  // Splits a paged step's tokens between the two forms into scratch_.mla.
+  void plan_paged_mla(const ModelBatch& batch, const PagedBatch& pb);
+  // One expanded run's attention -> out [run.n, H * v].
+  void attend_expanded_run(int layer, const PagedMlaSplit::Run& run, DType dtype,
+                           const void* pool, const int32_t* positions, float* out);
   // out[rows, hidden] = mlp(in[rows, hidden]).
   void run_mlp(const Mlp& mlp, int64_t inter, const float* in, int64_t rows, float* out);
   // s.xb[n, hidden] -> s.moe_out[n, hidden] (routed + shared experts).
@@ -341,6 +376,7 @@ class DeepseekModel {
   size_t model_weight_bytes_ = 0, rank_weight_bytes_ = 0;
   int64_t max_context_ = 0;
   MlaPath path_ = MlaPath::kAuto;
+  int64_t min_expanded_tokens_ = 0;  // expanded_min_tokens(shard_), at load
   std::unique_ptr<RopeCache> rope_;
   std::unique_ptr<DeviceRopeTable> rope_table_;  // rope_'s table in backend memory
 

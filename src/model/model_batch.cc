@@ -14,6 +14,10 @@ Status resolve_paged_batch(const ModelBatch& batch, int64_t vocab_size, int64_t 
       batch.seq_of_token.size() != batch.tokens.size() || n_seqs < 1) {
     return invalid_argument("forward_batch: tokens, positions and seq_of_token differ in length");
   }
+  if (!batch.prompt_lens.empty() && static_cast<int64_t>(batch.prompt_lens.size()) != n_seqs) {
+    return invalid_argument("forward_batch: " + std::to_string(batch.prompt_lens.size()) +
+                            " prompt lengths for " + std::to_string(n_seqs) + " sequences");
+  }
   const int64_t bs = block_size;
   slots->resize(n);
   for (int64_t t = 0; t < n; ++t) {

@@ -29,6 +29,12 @@ struct ModelBatch {
   std::span<const int64_t> block_table_offsets;
   // Token indices whose logits forward_batch() returns, in this order.
   std::span<const int32_t> logits_rows;
+  // Optional, [n_seqs]: each sequence's prompt length (its first generated token's
+  // position). A model may compute prompt tokens differently from generated ones
+  // (DeepSeek's MLA: long prompts attend expanded); the choice depends only on a token's
+  // position and its prompt's length, never on the batch. Empty: every token as
+  // generated.
+  std::span<const int32_t> prompt_lens;
 
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t n_seqs() const { return static_cast<int64_t>(block_table_offsets.size()) - 1; }

@@ -19,7 +19,7 @@ enum class Op : int32_t {
   kDropPaged,     // id
   kCopyBlock,     // id, a = src, b = dst, c = n_tokens
   kForwardBatch,  // id, payload: tokens, positions, seq_of_token, block_tables, logits_rows (int32);
-                  //     then block_table_offsets (int64)
+                  //     then block_table_offsets (int64), prompt_lens (int32)
   kForwardIdle,   // (no arguments) this engine's part of the expert-parallel exchanges, no tokens
   kEnableMtp,     // (no arguments)
   kForwardMtp,    // id, a = prev_is_target, payload: as kForwardBatch, then prev_rows (int32)
@@ -30,7 +30,7 @@ struct CallHeader {
   int32_t op = 0;
   int32_t id = 0;
   int64_t a = 0, b = 0, c = 0;
-  int64_t lengths[7] = {};  // element counts of the payload's arrays, in order
+  int64_t lengths[8] = {};  // element counts of the payload's arrays, in order
   int64_t payload_bytes = 0;
 };
 
@@ -182,6 +182,7 @@ class TpDriver final : public CausalLm {
     p->add(batch.block_tables, &h->lengths[3]);
     p->add(batch.logits_rows, &h->lengths[4]);
     p->add(batch.block_table_offsets, &h->lengths[5]);
+    p->add(batch.prompt_lens, &h->lengths[7]);  // forward_mtp's rows (lengths[6]) follow
   }
   bool has_mtp_layer() const override { return local_->has_mtp_layer(); }
   Status enable_mtp() override {
@@ -346,6 +347,7 @@ Status run_tp_worker(CausalLm& local, dist::Communicator& comm) {
         DS_ASSIGN_OR_RETURN(batch.block_tables, in.next<int32_t>(h.lengths[3]));
         DS_ASSIGN_OR_RETURN(batch.logits_rows, in.next<int32_t>(h.lengths[4]));
         DS_ASSIGN_OR_RETURN(batch.block_table_offsets, in.next<int64_t>(h.lengths[5]));
+        DS_ASSIGN_OR_RETURN(batch.prompt_lens, in.next<int32_t>(h.lengths[7]));
         if (static_cast<Op>(h.op) == Op::kForwardBatch) {
           DS_RETURN_IF_ERROR(survivable(local.forward_batch(batch, *it->second, &logits)));
         } else {

@@ -31,9 +31,9 @@ TINY_TOLERANCE = {"float32": 1e-4, "float16": 0.02, "fp8": 0.25}
 PPL_TOLERANCE = {"float16": 0.02, "fp8": 0.035}
 
 
-def _prompt_logprobs(dserve_bin, model, ids, dtype, tmp_path, *extra):
+def _prompt_logprobs(dserve_bin, model, ids, dtype, tmp_path, *extra, env=None):
     with server_util.running(dserve_bin, model, "--threads", 2, "--kv-cache-dtype", dtype,
-                             "--kv-cache-memory", 64 << 20, *extra,
+                             "--kv-cache-memory", 64 << 20, *extra, env=env,
                              log_path=tmp_path / f"{dtype}.log") as s:
         c = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0, timeout=300)
         name = c.models.list().data[0].id
@@ -43,15 +43,20 @@ def _prompt_logprobs(dserve_bin, model, ids, dtype, tmp_path, *extra):
         return [pl[k][str(ids[k])]["logprob"] for k in range(1, len(ids))]
 
 
+@pytest.mark.parametrize("form", ["expanded", "absorbed"])
 @pytest.mark.parametrize("dtype", list(TINY_TOLERANCE))
-def test_tiny_deepseek_v3_latents(dtype, dserve_bin, tmp_path):
+def test_tiny_deepseek_v3_latents(dtype, form, dserve_bin, tmp_path):
+    """Both MLA forms over the paged latents: prompt tokens attend expanded (the
+    form transformers computes) or absorbed (DSERVE_MLA_PREFILL chooses; by default a
+    prompt's tail and generated tokens attend absorbed)."""
     from test_deepseek_reference import _case, _fixture
     model_dir, ref = _fixture(_case("v3-qlora-yarn"))
     prompt, want = ref["prompt"], ref["native"]["logprobs"]
-    got = _prompt_logprobs(dserve_bin, model_dir, prompt, dtype, tmp_path)
+    got = _prompt_logprobs(dserve_bin, model_dir, prompt, dtype, tmp_path,
+                           env={"DSERVE_MLA_PREFILL": form})
     worst = max(abs(a - b) for a, b in zip(got, want))
     mean = sum(abs(a - b) for a, b in zip(got, want)) / len(got)
-    print(f"{dtype}: worst {worst:.4f}, mean {mean:.4f}")
+    print(f"{dtype} {form}: worst {worst:.4f}, mean {mean:.4f}")
     assert mean < TINY_TOLERANCE[dtype], mean
     if dtype == "float32":
         assert worst < 1e-3, worst

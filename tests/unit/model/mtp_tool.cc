@@ -57,7 +57,7 @@ int main_impl(int argc, char** argv) {
   std::iota(table.begin(), table.end(), 0);
   const std::vector<int64_t> offsets = {0, n_blocks};
   const std::vector<int32_t> last = {n - 1};
-  ModelBatch target{prompt, positions, seq, table, offsets, last};
+  ModelBatch target{prompt, positions, seq, table, offsets, last, {}};
   std::vector<float> logits;
   if (Status s = lm.forward_batch(target, **cache, &logits); !s.ok()) return fail(s);
 
@@ -67,7 +67,7 @@ int main_impl(int argc, char** argv) {
   std::vector<int32_t> rows(m);
   std::iota(rows.begin(), rows.end(), 0);
   ModelBatch draft{next, std::span<const int32_t>(positions).first(m),
-                   std::span<const int32_t>(seq).first(m), table, offsets, rows};
+                   std::span<const int32_t>(seq).first(m), table, offsets, rows, {}};
   if (Status s = lm.forward_mtp(draft, **cache, rows, /*prev_is_target=*/true, &logits); !s.ok()) {
     return fail(s);
   }
