@@ -14,11 +14,17 @@ thread count, one configuration at a time, the engines alternating:
   - C concurrent decodes (128-token prompts, --decode tokens each): dserve as above
     with C prompts, against llama-batched-bench `-npp 128 -ntg T -npl C` (its S_TG,
     generation tokens/s).
+  - long contexts (--long-depths, the first thread count only): dserve's decode at
+    each depth with F16 and FP8 latents, its prefill of the depth's prompt timed as
+    well (the whole context served through the engine, end to end); llama.cpp and
+    ik_llama.cpp (--long-anchors) at the long depths up to --long-anchors-up-to (their
+    prefill of tens of thousands of tokens takes tens of minutes here), last.
 ik_llama.cpp runs with its recommended DeepSeek flags: -mla 3 -fa 1 -fmoe 1 -rtr 1.
 Prints a markdown table (engine figures and dserve's ratio to each) and writes JSON.
 
   .venv/bin/python tools/bench_r1.py --gguf R1.Q8_0.gguf --llama-bin DIR [--ik-bin DIR]
       [--threads 1 2] [--depths 0 4096] [--prompts 512 4096] [--concurrency 8 32]
+      [--long-depths 16384 32768 --long-anchors-up-to 16384]
 """
 import argparse
 import json
@@ -59,11 +65,11 @@ def dserve_throughput(a, threads, n, input_len, output_len, kv_dtype):
         return json.load(f)
 
 
-def dserve_decode(a, threads, n, depth, kv_dtype):
+def dserve_decode(a, threads, n, depth, kv_dtype, full=False):
     """Decode tokens/s of n sequences at `depth`: the engine's decode phase (once every
-    sequence has its first token) of --decode + 1 tokens each."""
+    sequence has its first token) of --decode + 1 tokens each (full: the whole JSON)."""
     j = dserve_throughput(a, threads, n, max(depth, 1), a.decode + 1, kv_dtype)
-    return j["decode_tokens_per_second"]
+    return j if full else j["decode_tokens_per_second"]
 
 
 def dserve_prompt(a, threads, n_prompt):
@@ -101,6 +107,10 @@ def main():
     ap.add_argument("--prompts", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--long-depths", type=int, nargs="*", default=[])
+    ap.add_argument("--long-anchors-up-to", type=int, default=0)
+    ap.add_argument("--long-anchors", nargs="*", default=["ik_llama.cpp"],
+                    choices=["ik_llama.cpp", "llama.cpp"])
     ap.add_argument("--json", default="/tmp/bench_r1.json")
     a = ap.parse_args()
     rows = []
@@ -108,8 +118,10 @@ def main():
     def report(threads, test, figures):
         rows.append({"threads": threads, "test": test, **figures})
         print(json.dumps(rows[-1]), flush=True)
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
-    for t in a.threads:
+    def standard(t):
         for d in a.depths:
             f = {}
             f["dserve"] = dserve_decode(a, t, 1, d, "float16")
@@ -133,8 +145,36 @@ def main():
                 f["ik_llama.cpp"] = batched_bench(a.ik_bin, a.gguf, t, c, a.decode,
                                                   ["-mla", 3, "-fa", "on", "-rtr"])
             report(t, f"{c} concurrent decodes", f)
-    with open(a.json, "w") as f:
-        json.dump(rows, f, indent=1)
+
+    def long_contexts(t):
+        for d in a.long_depths:
+            f = {}
+            for dtype, key in (("float16", "dserve"), ("fp8", "dserve_fp8")):
+                j = dserve_decode(a, t, 1, d, dtype, full=True)
+                f[key] = j["decode_tokens_per_second"]
+                # The run's time less its decode phase: the prefill of the d-token prompt.
+                f[key + "_prefill_s"] = j["elapsed_time"] - j["decode_seconds"]
+            report(t, f"decode @ depth {d}", f)
+
+    def long_anchors(t):
+        for d in a.long_depths:
+            if d > a.long_anchors_up_to:
+                continue
+            f = {}
+            if "llama.cpp" in a.long_anchors:
+                f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t,
+                                             ["-p", 0, "-n", a.decode, "-d", d])
+            if a.ik_bin and "ik_llama.cpp" in a.long_anchors:
+                f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t,
+                                                ["-p", 0, "-n", 0, "-gp", f"{d},{a.decode}"] + IK_FLAGS)
+            report(t, f"anchors: decode @ depth {d}", f)
+
+    # The figures that matter most first, so that a cut-short run still has them.
+    standard(a.threads[0])
+    long_contexts(a.threads[0])
+    for t in a.threads[1:]:
+        standard(t)
+    long_anchors(a.threads[0])
     print("\n| threads | test | dserve | dserve fp8 latents | llama.cpp | ik_llama.cpp "
           "| dserve / llama.cpp | dserve / ik_llama.cpp |")
     print("|---|---|---|---|---|---|---|---|")
@@ -142,7 +182,7 @@ def main():
         def cell(k):
             return f"{r[k]:.2f}" if k in r else "-"
         def ratio(k):
-            return f"{r['dserve'] / r[k]:.2f}x" if k in r and r[k] else "-"
+            return f"{r['dserve'] / r[k]:.2f}x" if "dserve" in r and r.get(k) else "-"
         print(f"| {r['threads']} | {r['test']} | {cell('dserve')} | {cell('dserve_fp8')} "
               f"| {cell('llama.cpp')} | {cell('ik_llama.cpp')} | {ratio('llama.cpp')} "
               f"| {ratio('ik_llama.cpp')} |")

@@ -3,9 +3,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <zmq.hpp>
@@ -393,6 +397,25 @@ void HeadlessEngines::IoLoop::send_outbox(Clock::time_point now) {
   }
 }
 
+// With the API server lost, an engine thread may still sit in a collective whose peer
+// died with it: aborting the group shuts its connections, but gloo does not always
+// fail a send already posted to a dead peer before its timeout (--distributed-timeout,
+// a minute). Nothing this node computes is wanted any more, so after a grace period
+// the process exits (an error, as for any lost API server) instead of waiting it out.
+std::shared_ptr<std::atomic<bool>> HeadlessEngines::exit_if_engines_hang(const std::string& why) {
+  static constexpr auto kGrace = std::chrono::seconds(5);
+  auto stopped = std::make_shared<std::atomic<bool>>(false);
+  std::thread([why, stopped] {
+    std::this_thread::sleep_for(kGrace);
+    if (stopped->load()) return;
+    DS_LOG_ERROR("data parallel: the engines did not stop within {} s of losing the API server "
+                 "({}); exiting",
+                 kGrace.count(), why);
+    std::_Exit(1);
+  }).detach();
+  return stopped;
+}
+
 Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
   if (static_cast<int>(engines.size()) != config_.n_engines)
     return invalid_argument("HeadlessEngines::run: engine count differs from the config");
@@ -411,12 +434,15 @@ Status HeadlessEngines::run(std::vector<std::unique_ptr<AsyncLlm>> engines) {
   while (!stop_.load() && loop.turn()) {
   }
   adder.close();
+  std::shared_ptr<std::atomic<bool>> engines_stopped;  // the watchdog's flag, if one runs
   if (!loop.result().ok()) {
     for (dist::Communicator* group : config_.lockstep_groups) group->abort(loop.result().message());
+    engines_stopped = exit_if_engines_hang(loop.result().message());
   }
   for (auto& e : engines) e->abort_all();
   adder.join();
   engines.clear();  // joins the engine threads while the forwarders still exist
+  if (engines_stopped) engines_stopped->store(true);
   return loop.result();
 }
 

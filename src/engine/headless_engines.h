@@ -58,6 +58,9 @@ class HeadlessEngines {
   EngineObserver* observer(int i);
   // Serves `engines` (n_engines of them, in rank order) until the API server goes away.
   Status run(std::vector<std::unique_ptr<AsyncLlm>> engines);
+  // Starts a watchdog that ends the process unless the returned flag is set within a
+  // grace period (engine threads stuck in a collective after the API server was lost).
+  static std::shared_ptr<std::atomic<bool>> exit_if_engines_hang(const std::string& why);
   // Makes run() return Ok soon (SIGTERM).
   void stop();
 
