@@ -53,8 +53,11 @@ constexpr int64_t kKeyStep = 32;
 constexpr int64_t kSplitKeys = 256;
 
 // Most floats of split state kept for a merge pass; beyond it the splits of a tile
-// run in one task.
-constexpr int64_t kMaxPartialFloats = int64_t{1} << 23;
+// run in one task (one thread). One DeepSeek-R1 decode at 128K context keeps 8 tiles x
+// 512 splits x (2 x 16 + 16 x 512) floats, 135 MB: under this bound, so a lone long
+// sequence still spreads over the threads (at 1 << 23 a 32K one ran on one thread, at
+// half the attention rate of two).
+constexpr int64_t kMaxPartialFloats = int64_t{1} << 26;
 
 // Prefetches n rows of `len` bytes, `stride` bytes apart: every cache line each row
 // touches, into L2 (into L1 they would hold the core's few fill buffers, which the
