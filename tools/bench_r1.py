@@ -12,8 +12,10 @@ thread count, one configuration at a time, the engines alternating:
   - prompt processing of P tokens: dserve `bench throughput` (one prompt, one output
     token), llama-bench `-p P -n 0`;
   - C concurrent decodes (128-token prompts, --decode tokens each): dserve as above
-    with C prompts, against llama-batched-bench `-npp 128 -ntg T -npl C` (its S_TG,
-    generation tokens/s).
+    with C copies of one prompt (--identical-requests: as llama-batched-bench, every
+    sequence's tokens go to the same experts) and, beside them, C distinct prompts;
+    against llama-batched-bench `-npp 128 -ntg T -npl C` (its S_TG, generation
+    tokens/s).
   - long contexts (--long-depths, the first thread count only): dserve's decode at
     each depth with F16 and FP8 latents, its prefill of the depth's prompt timed as
     well (the whole context served through the engine, end to end); llama.cpp and
@@ -51,24 +53,25 @@ def warm(path):
             pass
 
 
-def dserve_throughput(a, threads, n, input_len, output_len, kv_dtype):
+def dserve_throughput(a, threads, n, input_len, output_len, kv_dtype, identical=False):
     """`dserve bench throughput`'s JSON for n prompts of input_len random tokens and
-    output_len tokens each, through the serving engine (paged cache of kv_dtype)."""
+    output_len tokens each, through the serving engine (paged cache of kv_dtype);
+    identical: n copies of one prompt and sampling seed (--identical-requests)."""
     out = f"/tmp/bench_r1_throughput_{n}_{input_len}_{output_len}.json"
     warm(a.gguf)
     run([a.dserve, "bench", "throughput", "--model", a.gguf, "--threads", threads,
          "--num-prompts", n, "--input-len", input_len, "--output-len", output_len,
          "--max-num-seqs", n, "--kv-cache-dtype", kv_dtype, "--no-enable-prefix-caching",
          "--max-model-len", input_len + output_len, "--kv-cache-memory", 1 << 30,
-         "--output-json", out])
+         "--output-json", out] + (["--identical-requests"] if identical else []))
     with open(out) as f:
         return json.load(f)
 
 
-def dserve_decode(a, threads, n, depth, kv_dtype, full=False):
+def dserve_decode(a, threads, n, depth, kv_dtype, full=False, identical=False):
     """Decode tokens/s of n sequences at `depth`: the engine's decode phase (once every
     sequence has its first token) of --decode + 1 tokens each (full: the whole JSON)."""
-    j = dserve_throughput(a, threads, n, max(depth, 1), a.decode + 1, kv_dtype)
+    j = dserve_throughput(a, threads, n, max(depth, 1), a.decode + 1, kv_dtype, identical)
     return j if full else j["decode_tokens_per_second"]
 
 
@@ -103,9 +106,9 @@ def main():
     ap.add_argument("--llama-bin", required=True)
     ap.add_argument("--ik-bin")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--depths", type=int, nargs="+", default=[0, 4096])
-    ap.add_argument("--prompts", type=int, nargs="+", default=[512, 4096])
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--depths", type=int, nargs="*", default=[0, 4096])
+    ap.add_argument("--prompts", type=int, nargs="*", default=[512, 4096])
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[8, 32])
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--long-depths", type=int, nargs="*", default=[])
     ap.add_argument("--long-anchors-up-to", type=int, default=0)
@@ -139,7 +142,11 @@ def main():
                 f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t, ["-p", p, "-n", 0] + IK_FLAGS)
             report(t, f"prompt {p}", f)
         for c in a.concurrency:
-            f = {"dserve": dserve_decode(a, t, c, 128, "float16"),
+            # llama-batched-bench decodes c copies of one prompt, whose tokens then go
+            # to the same experts: dserve likewise (--identical-requests) for the
+            # ratios, and with c distinct prompts (c times the experts) beside them.
+            f = {"dserve": dserve_decode(a, t, c, 128, "float16", identical=True),
+                 "dserve_distinct": dserve_decode(a, t, c, 128, "float16"),
                  "llama.cpp": batched_bench(a.llama_bin, a.gguf, t, c, a.decode)}
             if a.ik_bin:
                 f["ik_llama.cpp"] = batched_bench(a.ik_bin, a.gguf, t, c, a.decode,
@@ -175,16 +182,16 @@ def main():
     for t in a.threads[1:]:
         standard(t)
     long_anchors(a.threads[0])
-    print("\n| threads | test | dserve | dserve fp8 latents | llama.cpp | ik_llama.cpp "
-          "| dserve / llama.cpp | dserve / ik_llama.cpp |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| threads | test | dserve | dserve fp8 latents | dserve distinct prompts "
+          "| llama.cpp | ik_llama.cpp | dserve / llama.cpp | dserve / ik_llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         def cell(k):
             return f"{r[k]:.2f}" if k in r else "-"
         def ratio(k):
             return f"{r['dserve'] / r[k]:.2f}x" if "dserve" in r and r.get(k) else "-"
         print(f"| {r['threads']} | {r['test']} | {cell('dserve')} | {cell('dserve_fp8')} "
-              f"| {cell('llama.cpp')} | {cell('ik_llama.cpp')} | {ratio('llama.cpp')} "
+              f"| {cell('dserve_distinct')} | {cell('llama.cpp')} | {cell('ik_llama.cpp')} | {ratio('llama.cpp')} "
               f"| {ratio('ik_llama.cpp')} |")
 
 

@@ -70,13 +70,15 @@ Status bench(const BenchThroughputOptions& o) {
   std::vector<Prompt> prompts;
   std::vector<SamplingOptions> options;
   for (SampleRequest& s : samples) {
+    const SampleRequest& source = o.identical_requests ? samples.front() : s;
     SamplingOptions so;
     so.temperature = 1.0f;
     so.top_p = 1.0f;
     so.ignore_eos = true;
-    so.max_tokens = s.expected_output_len;
+    so.max_tokens = source.expected_output_len;
+    if (o.identical_requests) so.seed = o.seed;
     Prompt p;
-    p.ids = std::move(s.prompt_ids);
+    p.ids = source.prompt_ids;
     prompts.push_back(std::move(p));
     options.push_back(so);
   }
@@ -87,10 +89,14 @@ Status bench(const BenchThroughputOptions& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   int64_t n_in = 0, n_out = 0;
+  std::vector<std::vector<int32_t>> streams;
   for (const CompletionOutput& c : outs) {
     n_in += static_cast<int64_t>(c.prompt_ids.size());
     n_out += static_cast<int64_t>(c.token_ids.size());
+    streams.emplace_back(c.token_ids.begin(), c.token_ids.end());
   }
+  std::sort(streams.begin(), streams.end());
+  const int64_t distinct_outputs = std::unique(streams.begin(), streams.end()) - streams.begin();
   const EngineStats st = llm->stats();
   const double rps = outs.size() / elapsed;
   std::printf("Throughput: %.2f requests/s, %.2f total tokens/s, %.2f output tokens/s\n", rps,
@@ -121,7 +127,8 @@ Status bench(const BenchThroughputOptions& o) {
                         {"decode_tokens", timing.decode_tokens},
                         {"decode_seconds", timing.decode_seconds},
                         {"decode_tokens_per_second", decode_rate},
-                        {"num_preemptions", st.n_preemptions}};
+                        {"num_preemptions", st.n_preemptions},
+                        {"distinct_outputs", distinct_outputs}};
     std::ofstream(o.output_json) << j.dump(2) << "\n";
   }
   return Status::Ok();

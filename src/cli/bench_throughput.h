@@ -26,6 +26,11 @@ struct BenchThroughputOptions {
   std::string kv_cache_dtype = "auto";  // auto (float16), float16 or float32
   int max_model_len = 0;
   bool no_enable_prefix_caching = false;
+  // Every request the first one's prompt, sampled with one seed: the streams stay the
+  // same token for token (the engine is batch invariant), as llama-batched-bench's
+  // parallel sequences of one prompt, so that a MoE model's batch routes to the experts
+  // of one sequence. For like-for-like comparisons; real traffic is --identical-requests off.
+  bool identical_requests = false;
   std::string output_json;  // also write the results here
 };
 

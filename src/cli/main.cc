@@ -116,6 +116,10 @@ int run(int argc, char** argv) {
                          "prompt + output tokens at most (default: input + output length)");
   throughput->add_flag("--no-enable-prefix-caching", bt.no_enable_prefix_caching,
                        "do not reuse cached prefix blocks");
+  throughput->add_flag("--identical-requests", bt.identical_requests,
+                       "every request the first one's prompt and sampling seed, so that all "
+                       "streams stay the same (as llama-batched-bench's parallel sequences); "
+                       "with --no-enable-prefix-caching each still computes its prompt");
   throughput->add_option("--output-json", bt.output_json, "also write the results here");
   dserve::cli::BenchServeOptions bs;
   CLI::App* bench_serve = dserve::cli::add_bench_serve_command(bench_cmd, &bs);
