@@ -16,6 +16,49 @@ namespace {
 
 constexpr int kDefaultOutputLen = 128;  // random dataset, when --output-len is not given
 
+// The run's requests: --num-prompts samples of the dataset drawn with `seed`.
+Status make_requests(const BenchThroughputOptions& o, LLM& llm, uint64_t seed,
+                     std::vector<Prompt>* prompts, std::vector<SamplingOptions>* options) {
+  std::vector<SampleRequest> samples;
+  if (o.dataset_name == "random") {
+    RandomDatasetOptions ro;
+    ro.num_prompts = o.num_prompts;
+    ro.input_len = o.input_len;
+    ro.output_len = o.output_len > 0 ? o.output_len : kDefaultOutputLen;
+    ro.seed = seed;
+    // Text prompts that re-encode to --input-len tokens when there is a tokenizer (as
+    // vLLM), raw ids otherwise.
+    if (llm.tokenizer() != nullptr) {
+      DS_ASSIGN_OR_RETURN(samples, sample_random(*llm.tokenizer(), ro));
+    } else {
+      DS_ASSIGN_OR_RETURN(samples, sample_random_ids(llm.vocab_size(), ro));
+    }
+  } else {
+    if (llm.tokenizer() == nullptr)
+      return invalid_argument("sharegpt needs the model's tokenizer");
+    ShareGptOptions so;
+    so.path = o.dataset_path;
+    so.num_prompts = o.num_prompts;
+    so.output_len = o.output_len;
+    so.seed = seed;
+    DS_ASSIGN_OR_RETURN(samples, sample_sharegpt(*llm.tokenizer(), so));
+  }
+  for (SampleRequest& s : samples) {
+    const SampleRequest& source = o.identical_requests ? samples.front() : s;
+    SamplingOptions so;
+    so.temperature = 1.0f;
+    so.top_p = 1.0f;
+    so.ignore_eos = true;
+    so.max_tokens = source.expected_output_len;
+    if (o.identical_requests) so.seed = seed;
+    Prompt p;
+    p.ids = source.prompt_ids;
+    prompts->push_back(std::move(p));
+    options->push_back(so);
+  }
+  return Status::Ok();
+}
+
 Status bench(const BenchThroughputOptions& o) {
   if (o.num_prompts < 1) return invalid_argument("--num-prompts must be >= 1");
   if (o.input_len < 1 || o.output_len < 0) {
@@ -43,46 +86,17 @@ Status bench(const BenchThroughputOptions& o) {
   lo.fp8_weights = o.common.fp8_weights;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LLM> llm, LLM::create(path, lo));
 
-  std::vector<SampleRequest> samples;
-  if (o.dataset_name == "random") {
-    RandomDatasetOptions ro;
-    ro.num_prompts = o.num_prompts;
-    ro.input_len = o.input_len;
-    ro.output_len = o.output_len > 0 ? o.output_len : kDefaultOutputLen;
-    ro.seed = o.seed;
-    // Text prompts that re-encode to --input-len tokens when there is a tokenizer (as
-    // vLLM), raw ids otherwise.
-    if (llm->tokenizer() != nullptr) {
-      DS_ASSIGN_OR_RETURN(samples, sample_random(*llm->tokenizer(), ro));
-    } else {
-      DS_ASSIGN_OR_RETURN(samples, sample_random_ids(llm->vocab_size(), ro));
-    }
-  } else {
-    if (llm->tokenizer() == nullptr)
-      return invalid_argument("sharegpt needs the model's tokenizer");
-    ShareGptOptions so;
-    so.path = o.dataset_path;
-    so.num_prompts = o.num_prompts;
-    so.output_len = o.output_len;
-    so.seed = o.seed;
-    DS_ASSIGN_OR_RETURN(samples, sample_sharegpt(*llm->tokenizer(), so));
+  if (o.warmup) {
+    std::vector<Prompt> prompts;
+    std::vector<SamplingOptions> options;
+    DS_RETURN_IF_ERROR(make_requests(o, *llm, o.seed + 1, &prompts, &options));
+    DS_RETURN_IF_ERROR(llm->generate(prompts, options).status());
   }
   std::vector<Prompt> prompts;
   std::vector<SamplingOptions> options;
-  for (SampleRequest& s : samples) {
-    const SampleRequest& source = o.identical_requests ? samples.front() : s;
-    SamplingOptions so;
-    so.temperature = 1.0f;
-    so.top_p = 1.0f;
-    so.ignore_eos = true;
-    so.max_tokens = source.expected_output_len;
-    if (o.identical_requests) so.seed = o.seed;
-    Prompt p;
-    p.ids = source.prompt_ids;
-    prompts.push_back(std::move(p));
-    options.push_back(so);
-  }
+  DS_RETURN_IF_ERROR(make_requests(o, *llm, o.seed, &prompts, &options));
 
+  const EngineStats before = llm->stats();  // the warm-up's counts, if any
   const auto t0 = std::chrono::steady_clock::now();
   DS_ASSIGN_OR_RETURN(std::vector<CompletionOutput> outs, llm->generate(prompts, options));
   const double elapsed =
@@ -97,7 +111,11 @@ Status bench(const BenchThroughputOptions& o) {
   }
   std::sort(streams.begin(), streams.end());
   const int64_t distinct_outputs = std::unique(streams.begin(), streams.end()) - streams.begin();
-  const EngineStats st = llm->stats();
+  EngineStats st = llm->stats();
+  st.n_steps -= before.n_steps;
+  st.n_preemptions -= before.n_preemptions;
+  st.n_prefix_hit_tokens -= before.n_prefix_hit_tokens;
+  st.n_prefix_queried_tokens -= before.n_prefix_queried_tokens;
   const double rps = outs.size() / elapsed;
   std::printf("Throughput: %.2f requests/s, %.2f total tokens/s, %.2f output tokens/s\n", rps,
               (n_in + n_out) / elapsed, n_out / elapsed);

@@ -31,6 +31,10 @@ struct BenchThroughputOptions {
   // parallel sequences of one prompt, so that a MoE model's batch routes to the experts
   // of one sequence. For like-for-like comparisons; real traffic is --identical-requests off.
   bool identical_requests = false;
+  // Run requests of the same shapes (other random prompts, so that no cached prefix
+  // is reused) once before the timed run, as llama-bench's warm-up pass: the first
+  // touches of the mapped weights' pages and the buffers' growth are then not timed.
+  bool warmup = false;
   std::string output_json;  // also write the results here
 };
 

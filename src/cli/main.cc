@@ -120,6 +120,9 @@ int run(int argc, char** argv) {
                        "every request the first one's prompt and sampling seed, so that all "
                        "streams stay the same (as llama-batched-bench's parallel sequences); "
                        "with --no-enable-prefix-caching each still computes its prompt");
+  throughput->add_flag("--warmup", bt.warmup,
+                       "run requests of the same kind (other prompts) once before the timed "
+                       "run, as llama-bench's warm-up pass");
   throughput->add_option("--output-json", bt.output_json, "also write the results here");
   dserve::cli::BenchServeOptions bs;
   CLI::App* bench_serve = dserve::cli::add_bench_serve_command(bench_cmd, &bs);

@@ -689,34 +689,47 @@ const TensorView& DeepseekModel::expanded_kv_b(int layer) {
   return *w.kv_b;
 }
 
-// Expanded MLA over every cached position:
-//   c_all [n_kv, r] <- latent rows;  kvb [n_kv, H, nope + v] = c_all · kv_bᵀ
-//   k [n_kv, H, nope + rope] = [kvb nope part | k_pe];  v [n_kv, H, v_dim]
-//   att [n, H, v] = attention(q [n, H, qk], k, v)
+// Keys and values of heads [h0, h0 + g) over n_kv cached positions:
+//   kvb [n_kv, g, nope + v] = c_all · kv_b[heads h0 .. h0 + g)ᵀ
+//   k [n_kv, g, nope + rope] = [kvb's nope part | the position's k_pe];  v [n_kv, g, v]
+// latent: the positions' cached rows (k_pe after the first r values); c_all: their
+// first r values, contiguous.
+void DeepseekModel::expand_keys_values(const TensorView& kv_b, int64_t h0, int64_t g,
+                                       const float* latent, const float* c_all, int64_t n_kv,
+                                       float* k, float* v) {
+  const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
+  const int64_t r = c.kv_lora_rank, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
+  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
+  const int64_t kvb_row = nope + vd;
+  float* kvb = scratch_.kvb.ensure(n_kv * g * kvb_row);
+  backend_.matmul(g == c.n_heads ? kv_b : row_slice(kv_b, h0 * kvb_row, g * kvb_row), nullptr,
+                  c_all, n_kv, kvb);
+  // For each (position j, head h): k's nope part and v from kvb, k's rope part the
+  // position's shared k_pe (a zero head stride repeats it over the heads).
+  backend_.copy_strided(k, kvb, {.n0 = n_kv, .n1 = g, .len = nope, .dst_stride0 = g * qk,
+                                 .dst_stride1 = qk, .src_stride0 = g * kvb_row,
+                                 .src_stride1 = kvb_row});
+  backend_.copy_strided(k + nope, latent + r, {.n0 = n_kv, .n1 = g, .len = rope,
+                                               .dst_stride0 = g * qk, .dst_stride1 = qk,
+                                               .src_stride0 = row, .src_stride1 = 0});
+  backend_.copy_strided(v, kvb + nope, {.n0 = n_kv, .n1 = g, .len = vd, .dst_stride0 = g * vd,
+                                        .dst_stride1 = vd, .src_stride0 = g * kvb_row,
+                                        .src_stride1 = kvb_row});
+}
+
+// Expanded MLA over every cached position: c_all [n_kv, r] <- the latent rows, the
+// keys and values of all heads from them, att [n, H, v] = attention(q [n, H, qk], k, v).
 void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const float* latent,
                                     int64_t n_kv) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
-  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
-                rope = c.qk_rope_head_dim;
-  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
+  const int64_t H = c.n_heads, r = c.kv_lora_rank, vd = c.v_head_dim, qk = c.qk_head_dim();
   float* c_all = s.c_all.ensure(n_kv * r);
-  float* kvb = s.kvb.ensure(n_kv * H * (nope + vd));
   float* k = s.k.ensure(n_kv * H * qk);
   float* v = s.v.ensure(n_kv * H * vd);
   backend_.copy_strided(c_all, latent,
-                        {.n0 = n_kv, .len = r, .dst_stride0 = r, .src_stride0 = row});
-  backend_.matmul(kv_b, nullptr, c_all, n_kv, kvb);
-  // For each (position j, head h): k's nope part and v from kvb, k's rope part the
-  // position's shared k_pe (a zero head stride repeats it over the heads).
-  const int64_t kvb_row = nope + vd;
-  backend_.copy_strided(k, kvb, {.n0 = n_kv, .n1 = H, .len = nope, .dst_stride0 = H * qk,
-                                 .dst_stride1 = qk, .src_stride0 = H * kvb_row, .src_stride1 = kvb_row});
-  backend_.copy_strided(k + nope, latent + r, {.n0 = n_kv, .n1 = H, .len = rope, .dst_stride0 = H * qk,
-                                               .dst_stride1 = qk, .src_stride0 = row, .src_stride1 = 0});
-  backend_.copy_strided(v, kvb + nope, {.n0 = n_kv, .n1 = H, .len = vd, .dst_stride0 = H * vd,
-                                        .dst_stride1 = vd, .src_stride0 = H * kvb_row,
-                                        .src_stride1 = kvb_row});
+                        {.n0 = n_kv, .len = r, .dst_stride0 = r, .src_stride0 = c.latent_dim()});
+  expand_keys_values(kv_b, 0, H, latent, c_all, n_kv, k, v);
   backend_.attention(s.q.get(), k, v, s.att.get(), n, s.batch.positions(), n_kv, static_cast<int>(H),
                      static_cast<int>(H), static_cast<int>(qk), static_cast<int>(vd),
                      c.softmax_scale());
@@ -1087,11 +1100,9 @@ void DeepseekModel::attend_expanded_run(int layer, const PagedMlaSplit::Run& run
                                         const void* pool, const int32_t* positions, float* out) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
-  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim,
-                rope = c.qk_rope_head_dim;
+  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
   const int64_t n_kv = run.n_kv, n_q = run.n;
-  const TensorView& kv_b = expanded_kv_b(layer);
   float* latent = s.latent_rows.ensure(n_kv * row);
   backend_.kv_gather(dtype, pool, row, s.mla.dev_slots + run.slots_at, n_kv, latent);
   float* c_all = s.c_all.ensure(n_kv * r);
@@ -1099,24 +1110,13 @@ void DeepseekModel::attend_expanded_run(int layer, const PagedMlaSplit::Run& run
   constexpr int64_t kExpandedBytes = int64_t{256} << 20;
   const int64_t per_head = n_kv * (nope + vd + qk + vd) * int64_t{sizeof(float)};
   const int64_t group = std::clamp<int64_t>(kExpandedBytes / per_head, 1, H);
-  const int64_t kvb_row = nope + vd;
   for (int64_t h0 = 0; h0 < H; h0 += group) {
     const int64_t g = std::min(group, H - h0);
-    float* kvb = s.kvb.ensure(n_kv * g * kvb_row);
     float* k = s.k.ensure(n_kv * g * qk);
     float* v = s.v.ensure(n_kv * g * vd);
     float* q = s.q_part.ensure(n_q * g * qk);
     float* o = s.tmp_out.ensure(n_q * g * vd);
-    backend_.matmul(row_slice(kv_b, h0 * kvb_row, g * kvb_row), nullptr, c_all, n_kv, kvb);
-    backend_.copy_strided(k, kvb, {.n0 = n_kv, .n1 = g, .len = nope, .dst_stride0 = g * qk,
-                                   .dst_stride1 = qk, .src_stride0 = g * kvb_row,
-                                   .src_stride1 = kvb_row});
-    backend_.copy_strided(k + nope, latent + r, {.n0 = n_kv, .n1 = g, .len = rope,
-                                                 .dst_stride0 = g * qk, .dst_stride1 = qk,
-                                                 .src_stride0 = row, .src_stride1 = 0});
-    backend_.copy_strided(v, kvb + nope, {.n0 = n_kv, .n1 = g, .len = vd, .dst_stride0 = g * vd,
-                                          .dst_stride1 = vd, .src_stride0 = g * kvb_row,
-                                          .src_stride1 = kvb_row});
+    expand_keys_values(expanded_kv_b(layer), h0, g, latent, c_all, n_kv, k, v);
     backend_.copy_strided(q, s.q.get() + (run.first * H + h0) * qk,
                           {.n0 = n_q, .len = g * qk, .dst_stride0 = g * qk, .src_stride0 = H * qk});
     backend_.attention(q, k, v, o, n_q, positions, n_kv, static_cast<int>(g),
