@@ -9,8 +9,9 @@ thread count, one configuration at a time, the engines alternating:
     serving engine (`bench throughput`, its paged F16 and FP8 latent caches; the
     decode phase it reports, once every sequence has its first token),
     llama-bench `-p 0 -n T -d D`, ik_llama.cpp's llama-bench `-gp D,T`;
-  - prompt processing of P tokens: dserve `bench throughput` (one prompt, one output
-    token), llama-bench `-p P -n 0`;
+  - prompt processing of P tokens: dserve `bench throughput --warmup` (one prompt, one
+    output token, after another prompt of P tokens as llama-bench's warm-up run),
+    llama-bench `-p P -n 0`;
   - C concurrent decodes (128-token prompts, --decode tokens each): dserve as above
     with C copies of one prompt (--identical-requests: as llama-batched-bench, every
     sequence's tokens go to the same experts) and, beside them, C distinct prompts;
@@ -53,17 +54,20 @@ def warm(path):
             pass
 
 
-def dserve_throughput(a, threads, n, input_len, output_len, kv_dtype, identical=False):
+def dserve_throughput(a, threads, n, input_len, output_len, kv_dtype, identical=False,
+                      warmup=False):
     """`dserve bench throughput`'s JSON for n prompts of input_len random tokens and
     output_len tokens each, through the serving engine (paged cache of kv_dtype);
-    identical: n copies of one prompt and sampling seed (--identical-requests)."""
+    identical: n copies of one prompt and sampling seed (--identical-requests); warmup:
+    other prompts of the same shape run first (--warmup)."""
     out = f"/tmp/bench_r1_throughput_{n}_{input_len}_{output_len}.json"
     warm(a.gguf)
     run([a.dserve, "bench", "throughput", "--model", a.gguf, "--threads", threads,
          "--num-prompts", n, "--input-len", input_len, "--output-len", output_len,
          "--max-num-seqs", n, "--kv-cache-dtype", kv_dtype, "--no-enable-prefix-caching",
          "--max-model-len", input_len + output_len, "--kv-cache-memory", 1 << 30,
-         "--output-json", out] + (["--identical-requests"] if identical else []))
+         "--output-json", out] + (["--identical-requests"] if identical else [])
+        + (["--warmup"] if warmup else []))
     with open(out) as f:
         return json.load(f)
 
@@ -76,8 +80,10 @@ def dserve_decode(a, threads, n, depth, kv_dtype, full=False, identical=False):
 
 
 def dserve_prompt(a, threads, n_prompt):
-    """Prompt tokens/s: one prompt and one output token."""
-    return n_prompt / dserve_throughput(a, threads, 1, n_prompt, 1, "float16")["elapsed_time"]
+    """Prompt tokens/s: one prompt and one output token, after a warm-up prompt of the
+    same length (llama-bench's prompt runs are preceded by one too)."""
+    return n_prompt / dserve_throughput(a, threads, 1, n_prompt, 1, "float16",
+                                        warmup=True)["elapsed_time"]
 
 
 def llama_bench(bin_dir, model, threads, args):
