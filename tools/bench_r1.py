@@ -31,15 +31,18 @@ Prints a markdown table (engine figures and dserve's ratio to each) and writes J
 """
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 
 IK_FLAGS = ["-mla", "3", "-fa", "1", "-fmoe", "1", "-rtr", "1"]
 
 
-def run(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace")
+def run(cmd, cwd=None):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
+                       cwd=cwd)
     if r.returncode != 0:
         raise SystemExit(f"{cmd[0]} exited {r.returncode}:\n{r.stderr[-3000:]}")
     return r
@@ -88,7 +91,8 @@ def dserve_prompt(a, threads, n_prompt):
 
 def llama_bench(bin_dir, model, threads, args):
     warm(model)
-    r = run([f"{bin_dir}/llama-bench", "-m", model, "-t", threads, "-r", 1, "-o", "json"] + args)
+    r = run([f"{bin_dir}/llama-bench", "-m", model, "-t", threads, "-r", 1, "-o", "json"] + args,
+            cwd=tempfile.gettempdir())
     rows = json.loads(r.stdout)
     return rows[-1]["avg_ts"]
 
@@ -96,7 +100,8 @@ def llama_bench(bin_dir, model, threads, args):
 def batched_bench(bin_dir, model, threads, n, n_decode, extra=()):
     warm(model)
     r = run([f"{bin_dir}/llama-batched-bench", "-m", model, "-t", threads, "-c",
-             n * (128 + n_decode) + 64, "-npp", 128, "-ntg", n_decode, "-npl", n, *extra])
+             n * (128 + n_decode) + 64, "-npp", 128, "-ntg", n_decode, "-npl", n, *extra],
+            cwd=tempfile.gettempdir())  # its llama.log lands in the working directory
     # The table's last row: |PP|TG|B|N_KV|T_PP s|S_PP t/s|T_TG s|S_TG t/s|T s|S t/s|
     rows = [line for line in (r.stdout + r.stderr).splitlines()
             if re.match(r"\|\s*\d+\s*\|", line)]
@@ -122,6 +127,9 @@ def main():
                     choices=["ik_llama.cpp", "llama.cpp"])
     ap.add_argument("--json", default="/tmp/bench_r1.json")
     a = ap.parse_args()
+    # The llama.cpp tools run in a temporary directory (their logs land there).
+    a.gguf, a.llama_bin = os.path.abspath(a.gguf), os.path.abspath(a.llama_bin)
+    a.ik_bin = os.path.abspath(a.ik_bin) if a.ik_bin else None
     rows = []
 
     def report(threads, test, figures):
