@@ -123,6 +123,8 @@ def main():
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--long-depths", type=int, nargs="*", default=[])
     ap.add_argument("--long-anchors-up-to", type=int, default=0)
+    ap.add_argument("--long-latents", nargs="+", default=["float16", "fp8"],
+                    choices=["float16", "fp8"])
     ap.add_argument("--long-anchors", nargs="*", default=["ik_llama.cpp"],
                     choices=["ik_llama.cpp", "llama.cpp"])
     ap.add_argument("--json", default="/tmp/bench_r1.json")
@@ -171,6 +173,8 @@ def main():
         for d in a.long_depths:
             f = {}
             for dtype, key in (("float16", "dserve"), ("fp8", "dserve_fp8")):
+                if dtype not in a.long_latents:
+                    continue
                 j = dserve_decode(a, t, 1, d, dtype, full=True)
                 f[key] = j["decode_tokens_per_second"]
                 # The run's time less its decode phase: the prefill of the d-token prompt.
