@@ -189,7 +189,8 @@ Status attach_ascend_quant(const nlohmann::json& description, const std::string&
     }
     DS_ASSIGN_OR_RETURN(std::vector<float> qb_shape_checked,
                         values(where, *tensors, base + ".quant_bias", n_out, name));
-    const auto* qb = static_cast<const int32_t*>(tensors->at(base + ".quant_bias").data);
+    // A safetensors tensor's data need not be 4-byte aligned: read each int32 by memcpy.
+    const auto* qb = static_cast<const uint8_t*>(tensors->at(base + ".quant_bias").data);
     const float s = in_scale[0];
     std::vector<float> row_scales(static_cast<size_t>(n_out)), bias(static_cast<size_t>(n_out));
     for (int64_t r = 0; r < n_out; ++r) {
@@ -201,7 +202,9 @@ Status attach_ascend_quant(const nlohmann::json& description, const std::string&
                        std::to_string(r) + " but input_scale * weight_scale is " + std::to_string(expect));
       }
       row_scales[static_cast<size_t>(r)] = d / s;
-      bias[static_cast<size_t>(r)] = static_cast<float>(static_cast<double>(d) * static_cast<double>(qb[r]));
+      int32_t quant_bias;
+      std::memcpy(&quant_bias, qb + 4 * r, 4);
+      bias[static_cast<size_t>(r)] = static_cast<float>(static_cast<double>(d) * static_cast<double>(quant_bias));
     }
     storage->floats.push_back(std::move(row_scales));
     view.row_scales = storage->floats.back().data();
