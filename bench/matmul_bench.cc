@@ -203,13 +203,14 @@ void bm_stream_layers(benchmark::State& state) {
   state.SetLabel(std::string(b.name()));
 }
 
-// DeepSeek-R1's routed experts in a prompt: 16 tokens each (a 512-token prompt's
-// average: 512 x 8 of 256 experts), gate and up 2048 x 7168, down 7168 x 2048, Q8_0 rows
-// read in place (not prepared: R1's experts do not fit in memory twice) from 24 experts'
-// 1.1 GB, more than any cache. GMAC/s against build/bench/machine_limits' int8 peak.
-void bm_stream_r1_experts(benchmark::State& state) {
+// DeepSeek-R1's routed experts, n_tokens each: 16 in a prompt (a 512-token prompt's
+// average: 512 x 8 of 256 experts), 1 in decoding; gate and up 2048 x 7168, down
+// 7168 x 2048, Q8_0 rows read in place from 24 experts' 1.1 GB, more than any cache
+// ("prepared": the packed copies a model makes where memory allows). GMAC/s against
+// build/bench/machine_limits' int8 peak.
+void bm_stream_r1_experts(benchmark::State& state, int64_t n_tokens, bool prepared) {
   constexpr int kExperts = 24;
-  constexpr int64_t kHidden = 7168, kInter = 2048, kTokens = 16;
+  constexpr int64_t kHidden = 7168, kInter = 2048;
   const DType t = DType::kQ8_0;
   static std::vector<std::vector<uint8_t>> weights;  // gate, up, down per expert
   if (weights.empty()) {
@@ -224,22 +225,25 @@ void bm_stream_r1_experts(benchmark::State& state) {
     return TensorView{t, {down ? kHidden : kInter, down ? kInter : kHidden}, weights[i].data(),
                       weights[i].size()};
   };
-  std::vector<float> x(kTokens * kHidden), g(kTokens * kInter), u(kTokens * kInter),
-      o(kTokens * kHidden);
+  std::vector<float> x(n_tokens * kHidden), g(n_tokens * kInter), u(n_tokens * kInter),
+      o(n_tokens * kHidden);
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
   for (auto& v : x) v = dist(rng);
   Backend& b = bench_backend();
+  if (prepared) {
+    for (int i = 0; i < 3 * kExperts; ++i) b.prepare_matmul_weight(view(i));
+  }
   for (auto _ : state) {
     for (int e = 0; e < kExperts; ++e) {
-      b.matmul(view(3 * e), nullptr, x.data(), kTokens, g.data());
-      b.matmul(view(3 * e + 1), nullptr, x.data(), kTokens, u.data());
-      b.matmul(view(3 * e + 2), nullptr, g.data(), kTokens, o.data());
+      b.matmul(view(3 * e), nullptr, x.data(), n_tokens, g.data());
+      b.matmul(view(3 * e + 1), nullptr, x.data(), n_tokens, u.data());
+      b.matmul(view(3 * e + 2), nullptr, g.data(), n_tokens, o.data());
     }
     benchmark::DoNotOptimize(o.data());
   }
   state.counters["GMAC/s"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * kExperts * 3 * kTokens * kInter * kHidden * 1e-9,
+      static_cast<double>(state.iterations()) * kExperts * 3 * n_tokens * kInter * kHidden * 1e-9,
       benchmark::Counter::kIsRate);
   state.SetLabel(std::string(b.name()));
 }
@@ -285,7 +289,13 @@ int main(int argc, char** argv) {
   for (auto* b : {benchmark::RegisterBenchmark("stream/moe_q8_0_8x7_experts", bm_stream_moe),
                   benchmark::RegisterBenchmark("stream/layers_q4_1_30x576", bm_stream_layers),
                   benchmark::RegisterBenchmark("stream/r1_experts_q8_0_16_tokens",
-                                               bm_stream_r1_experts)}) {
+                                               bm_stream_r1_experts, 16, false),
+                  benchmark::RegisterBenchmark("stream/r1_experts_q8_0_16_tokens/prepared",
+                                               bm_stream_r1_experts, 16, true),
+                  benchmark::RegisterBenchmark("stream/r1_experts_q8_0_1_token",
+                                               bm_stream_r1_experts, 1, false),
+                  benchmark::RegisterBenchmark("stream/r1_experts_q8_0_1_token/prepared",
+                                               bm_stream_r1_experts, 1, true)}) {
     b->Unit(benchmark::kMicrosecond)->UseRealTime()->ComputeStatistics("min", min_of, benchmark::StatisticUnit::kTime);
   }
   benchmark::Initialize(&argc, argv);

@@ -190,8 +190,14 @@ class Backend {
   // every call. matmul then uses the copy whenever it is given a view of the same data,
   // dtype and shape, with the same results as without it. w's memory must stay alive
   // and unchanged while the backend is used with it; preparing the same data again
-  // replaces the copy. Default: nothing (weights are read in place).
-  virtual void prepare_matmul_weight(const TensorView& w) { (void)w; }
+  // replaces the copy. Returns true when the backend's matmuls will read the copy
+  // alone, never w's memory again (its owner may then drop those pages, loader/
+  // model_files.h's release_pages; they must stay mapped and unchanged). Default:
+  // nothing (weights are read in place), false.
+  virtual bool prepare_matmul_weight(const TensorView& w) {
+    (void)w;
+    return false;
+  }
   // Bytes the copies made by prepare_matmul_weight hold (memory on top of the weights
   // as loaded, which memory budgets must count). Default: 0.
   virtual int64_t prepared_weight_bytes() const { return 0; }

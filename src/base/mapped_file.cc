@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace dserve {
@@ -50,6 +51,19 @@ void MappedFile::advise_huge_pages() const {
 #ifdef MADV_HUGEPAGE
   if (data_ != nullptr) madvise(const_cast<uint8_t*>(data_), size_, MADV_HUGEPAGE);
 #endif
+}
+
+size_t MappedFile::release(const void* p, size_t n) const {
+  const auto begin = reinterpret_cast<uintptr_t>(p), map = reinterpret_cast<uintptr_t>(data_);
+  if (data_ == nullptr || begin < map || n > size_ || begin - map > size_ - n) return 0;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t end = (begin + n) / page * page;
+  if (end <= first) return 0;
+  // A private, read-only file map: its pages are never dirty, so dropping them loses
+  // nothing.
+  if (madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED) != 0) return 0;
+  return end - first;
 }
 
 void* alloc_huge(size_t bytes) {

@@ -27,6 +27,11 @@ class MappedFile {
 
   // Asks the kernel for transparent huge pages over the map (best effort).
   void advise_huge_pages() const;
+  // Drops this process's pages of [p, p + n) when that range lies in the map: the whole
+  // pages inside it, so that a copy made of it does not stay resident twice. The data
+  // stay readable (a later read faults them in again from the file). Returns the bytes
+  // released, 0 for a range outside the map.
+  size_t release(const void* p, size_t n) const;
 
  private:
   MappedFile(std::string path, const uint8_t* data, size_t size)

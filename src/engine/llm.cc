@@ -85,8 +85,10 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   if (!model.ok()) return model.status();
   llm->model_ = std::move(model).value();
   // The backend's prepared copies (the CPU's packed panels) are memory on top of the
-  // loaded weights; the mapped originals stay mapped too.
+  // loaded weights; the mapped originals stay mapped too, except those the model
+  // released (routed experts' packed copies replace them).
   const int64_t prepared_bytes = llm->backend_->prepared_weight_bytes();
+  const int64_t released_bytes = llm->model_->released_weight_bytes();
 
   // The KV cache is sized within the process's memory limit (a container's cgroup
   // limit, else physical memory), so a limit too small fails here, not in an OOM kill.
@@ -95,8 +97,9 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   budget_in.gpu_memory_utilization = o.gpu_memory_utilization;
   budget_in.kv_cache_memory = o.kv_cache_memory;
   budget_in.weight_bytes = o.load_model ? std::max(resident_memory_bytes(), prepared_bytes)
-                                         : weight_bytes + prepared_bytes;
+                                         : weight_bytes - released_bytes + prepared_bytes;
   budget_in.prepared_bytes = prepared_bytes;
+  budget_in.released_bytes = released_bytes;
   budget_in.resident_bytes = resident_memory_bytes();
   budget_in.buffer_bytes = working_buffer_bytes(o.max_num_seqs, llm->model_->info().vocab_size,
                                                 o.max_num_batched_tokens);

@@ -26,8 +26,11 @@ std::string limit_text(const MemoryLimit& limit) {
 std::string weights_and_buffers_text(const MemoryBudgetInput& in) {
   const std::string resident =
       in.resident_bytes >= 0 ? ", " + gib(in.resident_bytes) + " resident after loading" : "";
+  const std::string released =
+      in.released_bytes > 0 ? ", which replace " + gib(in.released_bytes) + " of mapped weights released"
+                            : "";
   return "weights " + gib(in.weight_bytes) + " (" + gib(in.prepared_bytes) +
-         " of them the backend's prepared copies" + resident + "), working buffers ~" +
+         " of them the backend's prepared copies" + released + resident + "), working buffers ~" +
          gib(in.buffer_bytes);
 }
 

@@ -29,6 +29,9 @@ struct MemoryBudgetInput {
   int64_t kv_cache_memory = 0;          // 0: not given
   int64_t weight_bytes = 0;             // as loaded, the backend's prepared copies included
   int64_t prepared_bytes = 0;           // of weight_bytes, the prepared copies (for the log)
+  // Mapped weight bytes the prepared copies replace, their pages released (not counted
+  // in weight_bytes; for the log).
+  int64_t released_bytes = 0;
   // Of weight_bytes, what was resident when the model had loaded (for the log; -1: not
   // known): mapped weights are read when first used, so at load it is often far less.
   int64_t resident_bytes = -1;

@@ -500,6 +500,13 @@ Result<const std::vector<double>*> GgufMetadata::get_float_array(const std::stri
   return get_array<double>(*this, key, "an array of floats");
 }
 
+size_t GgufFile::release(const void* p, size_t n) const {
+  for (const auto& map : maps_) {
+    if (const size_t released = map->release(p, n); released > 0) return released;
+  }
+  return 0;
+}
+
 Result<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
   std::vector<std::string> part_paths{path};
   std::string prefix;

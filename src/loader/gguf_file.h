@@ -59,6 +59,8 @@ class GgufFile {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
+  // MappedFile::release over the part that holds [p, p + n); 0 where none does.
+  size_t release(const void* p, size_t n) const;
 
  private:
   std::string path_;

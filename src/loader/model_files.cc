@@ -74,6 +74,14 @@ size_t ModelFiles::total_tensor_bytes() const {
   return n;
 }
 
+size_t ModelFiles::release_pages(const TensorView& t) const {
+  if (gguf_ != nullptr) return gguf_->release(t.data, t.n_bytes);
+  for (const auto& shard : shards_) {
+    if (const size_t n = shard->release(t.data, t.n_bytes); n > 0) return n;
+  }
+  return 0;
+}
+
 Status ModelFiles::open_gguf() {
   format_ = ModelFormat::kGguf;
   DS_ASSIGN_OR_RETURN(gguf_, GgufFile::open(path_));

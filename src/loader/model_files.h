@@ -81,6 +81,10 @@ class ModelFiles {
   bool rope_pairs_interleaved() const { return rope_pairs_interleaved_; }
 
   size_t total_tensor_bytes() const;
+  // Drops the process's pages of a tensor read in place from the files (a backend made
+  // its own copy of it): see MappedFile::release. Returns the bytes released, 0 for a
+  // tensor that is not mapped from a file (one converted at load).
+  size_t release_pages(const TensorView& t) const;
   // The weights' quantisation format: "compressed-tensors", or empty for none.
   const std::string& quantization() const { return quantization_; }
   Fp8Weights fp8_weights() const { return fp8_weights_; }

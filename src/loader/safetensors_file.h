@@ -34,6 +34,8 @@ class SafetensorsFile {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   // The optional "__metadata__" string map (e.g. {"format": "pt"}).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // MappedFile::release over the file's map.
+  size_t release(const void* p, size_t n) const { return map_->release(p, n); }
 
  private:
   SafetensorsFile() = default;

@@ -77,6 +77,7 @@ class DeepseekLm final : public ModelLm<DeepseekModel, MlaKvCache, PagedMlaCache
  public:
   using ModelLm::ModelLm;
   size_t weight_bytes_per_token() const override { return model_->active_weight_bytes_per_token(); }
+  int64_t released_weight_bytes() const override { return model_->released_weight_bytes(); }
   std::string stats() const override {
     const MoeStats& s = model_->moe_stats();
     if (model_->config().n_routed_experts == 0) return {};

@@ -95,6 +95,9 @@ class CausalLm {
 
   // Weight bytes one decode step reads (for MoE: the active experts only).
   virtual size_t weight_bytes_per_token() const = 0;
+  // Mapped weight bytes whose pages the model released once the backend held its own
+  // copies of them (Backend::prepare_matmul_weight): memory holds the copies instead.
+  virtual int64_t released_weight_bytes() const { return 0; }
   // One line of architecture-specific counters for logs (MoE expert use); may be empty.
   virtual std::string stats() const = 0;
 };

@@ -149,6 +149,11 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
   DS_LOG_INFO("weights: {:.1f} MiB for the model as held ({:.1f} MiB on this rank), {:.1f} MiB of "
               "them in memory dserve made at load (the rest mapped from the files)",
               mib(model->model_weight_bytes_), mib(model->rank_weight_bytes_), mib(model->owned_bytes()));
+  if (model->released_weight_bytes_ > 0) {
+    DS_LOG_INFO("backend's packed copies: {:.1f} MiB; mapped routed-expert rows they replace, "
+                "released: {:.1f} MiB",
+                mib(model->backend_.prepared_weight_bytes()), mib(model->released_weight_bytes_));
+  }
   if (const Fp8Counts& f = model->fp8_; f.n_kept + f.n_converted > 0) {
     const bool keep = model->files_->fp8_weights() == Fp8Weights::kFp8;
     DS_LOG_INFO("FP8 weights (--fp8-weights {}): {} kept as f8_e4m3, {:.1f} MiB at 1 byte per "
@@ -603,25 +608,38 @@ Status DeepseekModel::bind_weights() {
     prepare_mlp(w.dense);
     prepare_mlp(w.shared);
     if (pack_experts_) {
-      for (const Mlp& m : w.experts) prepare_mlp(m);
+      for (const Mlp& m : w.experts) pack_expert(m);
     }
   }
   return Status::Ok();
 }
 
+// A routed expert's packed copies replace its mapped rows: once the backend reads the
+// copy alone, the rows' pages are dropped, so that memory holds the expert once.
+void DeepseekModel::pack_expert(const Mlp& m) {
+  for (const TensorView* t : {m.gate, m.up, m.down}) {  // null: another rank's expert
+    if (t != nullptr && backend_.prepare_matmul_weight(*t)) {
+      released_weight_bytes_ += static_cast<int64_t>(files_->release_pages(*t));
+    }
+  }
+}
+
 // The backend's packed copies are what its kernels read where they exist; without one a
-// call repacks 16 rows at a time into scratch as it goes (the same bits; for routed
-// experts, which see few tokens each, measured no slower: prompt 512 and decode of the
-// V3-shaped benchmark model alike). For the routed experts, nearly all of a DeepSeek
-// model's bytes, copies double the memory and mean reading every expert at start-up
-// (DeepSeek-R1: 700 GB more, minutes). So they are made only where the limit holds the
-// weights twice with a fifth to spare. DSERVE_PACKED_EXPERTS=always / never overrides.
+// call repacks 16 rows at a time into scratch as it goes (the same bits). For the routed
+// experts, nearly all of a DeepSeek model's bytes, that repacking is paid per expert
+// and call, and at R1's widths a prompt's experts see ~16 tokens each, so it costs
+// about as much as their arithmetic. Copies replace the mapped rows (pack_expert), so
+// memory holds the weights once; but they mean reading every expert at start-up
+// (DeepSeek-R1: 700 GB, minutes at a disk's speed) where in-place reading starts at
+// once and pages experts in as requests use them. So they are made where the limit
+// holds the weights with a fifth to spare. DSERVE_PACKED_EXPERTS=always / never
+// overrides.
 bool DeepseekModel::packs_routed_experts() const {
   const char* env = std::getenv("DSERVE_PACKED_EXPERTS");
   const std::string choice = env != nullptr ? env : "auto";
   const int64_t weights = static_cast<int64_t>(files_->total_tensor_bytes());
   const MemoryLimit limit = read_memory_limit();
-  bool pack = 2 * weights <= limit.bytes / 5 * 4;
+  bool pack = weights <= limit.bytes / 5 * 4;
   if (choice == "always" || choice == "never") pack = choice == "always";
   DS_LOG_INFO("routed experts: {} ({}: weights {:.1f} GiB, memory limit {:.1f} GiB, {})",
               pack ? "packed copies made at load" : "read in place, no packed copies",
@@ -1197,9 +1215,7 @@ Status DeepseekModel::enable_mtp() {
     for (const TensorView* t : {m->gate, m->up, m->down}) prepare(t);
   }
   if (pack_experts_) {  // as bind_weights decided for the main layers
-    for (const Mlp& m : w.experts) {
-      for (const TensorView* t : {m.gate, m.up, m.down}) prepare(t);
-    }
+    for (const Mlp& m : w.experts) pack_expert(m);
   }
   mtp_ = std::move(mtp);
   DS_LOG_INFO("MTP layer {} loaded for speculative decoding", l);

@@ -128,6 +128,9 @@ class DeepseekModel {
   // Bytes of weights one decode step reads: attention, dense MLPs, shared experts,
   // routers and num_experts_per_tok routed experts per MoE layer, final norm, lm_head.
   size_t active_weight_bytes_per_token() const;
+  // Mapped weight bytes whose pages were dropped because the backend holds packed
+  // copies of them (routed experts, pack_expert): memory counts the copies instead.
+  int64_t released_weight_bytes() const { return released_weight_bytes_; }
 
   std::unique_ptr<MlaKvCache> new_kv_cache() const;
 
@@ -335,6 +338,8 @@ class DeepseekModel {
   // Whether the routed experts get the backend's packed copies (decided once, by
   // bind_weights, into pack_experts_; logged).
   bool packs_routed_experts() const;
+  // The backend's packed copies of one routed expert, its mapped rows released.
+  void pack_expert(const Mlp& m);
   // attend_latent(q_abs [n, H, r + rope], out_lat [n, H, out_row]) runs the latent
   // attention (contiguous or paged) and returns out_row: r + rope or r (values only
   // the latent part).
@@ -370,6 +375,7 @@ class DeepseekModel {
   int64_t head_begin_ = 0;                        // this rank's first attention head
   bool expert_parallel_ = false;
   bool pack_experts_ = false;  // routed experts get packed copies (bind_weights)
+  int64_t released_weight_bytes_ = 0;  // mapped bytes dropped after packing (pack_expert)
   std::unique_ptr<ExpertDispatch> dispatch_;       // with an expert-parallel group over engines
   int64_t n_experts_held_ = 0;
   int64_t expert_begin_ = 0, expert_end_ = 0;      // this rank's routed experts

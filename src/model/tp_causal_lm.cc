@@ -211,6 +211,7 @@ class TpDriver final : public CausalLm {
     return named(local_->forward_idle());
   }
   size_t weight_bytes_per_token() const override { return local_->weight_bytes_per_token(); }
+  int64_t released_weight_bytes() const override { return local_->released_weight_bytes(); }
   std::string stats() const override {
     std::string s = local_->stats();
     const std::string comm = comm_ ? comm_->stats() : std::string();

@@ -10,7 +10,9 @@ they are. Per-position log-probabilities within 1e-3, expanded and absorbed MLA;
 Q8_0 GGUF within Q8_0's rounding.
 """
 import json
+import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -129,3 +131,25 @@ def test_routed_experts_without_packed_copies_give_the_same_bits(dserve_bin, tmp
     _, stderr = _dserve_generate(dserve_bin, path, PROMPT, log_level="info")
     assert "routed experts: packed copies made at load (DSERVE_PACKED_EXPERTS=never" not in stderr
     assert "routed experts: read in place, no packed copies (DSERVE_PACKED_EXPERTS=never" in stderr
+    assert "released:" not in stderr
+
+
+def test_packed_experts_release_their_mapped_rows(dserve_bin, monkeypatch):
+    """With packed copies the experts' mapped rows are released: the whole pages inside
+    each expert's bytes, as the gguf package sizes the 3-D expert stacks."""
+    gguf = pytest.importorskip("gguf")
+    model, _ = _checkpoint()
+    path = model.parent / "r1-narrow-2l.Q8_0.gguf"
+    experts = [t for t in gguf.GGUFReader(path).tensors if "_exps." in t.name]
+    expert_bytes = sum(int(t.n_bytes) for t in experts)
+    page = os.sysconf("SC_PAGE_SIZE")
+    # Each expert's slice keeps the partial pages at its two ends.
+    per_expert = [int(t.n_bytes) // int(t.shape[-1]) for t in experts]
+    floor = sum((b // page - 1) * page * int(t.shape[-1]) for b, t in zip(per_expert, experts))
+    monkeypatch.setenv("DSERVE_PACKED_EXPERTS", "always")
+    _, stderr = _dserve_generate(dserve_bin, path, PROMPT, log_level="info")
+    m = re.search(r"rows they replace, released: ([0-9.]+) MiB", stderr)
+    assert m, stderr
+    released = float(m.group(1)) * 2**20
+    rounding = 0.06 * 2**20  # the log prints MiB to one decimal
+    assert floor - rounding <= released <= expert_bytes + rounding, (floor, released, expert_bytes)

@@ -116,7 +116,7 @@ class CheckingBackend final : public Backend {
     Open open(*this);
     inner_->matmul_grouped(groups, n_groups);
   }
-  void prepare_matmul_weight(const TensorView& w) override { inner_->prepare_matmul_weight(w); }
+  bool prepare_matmul_weight(const TensorView& w) override { return inner_->prepare_matmul_weight(w); }
   int64_t prepared_weight_bytes() const override { return inner_->prepared_weight_bytes(); }
   ThreadPool* host_thread_pool() override { return inner_->host_thread_pool(); }
 

@@ -33,7 +33,7 @@ class CpuBackend final : public Backend {
   void matmul_many(const float* x, int64_t n_tokens, const MatmulTarget* targets,
                    int n_targets) override;
   void matmul_grouped(const MatmulGroup* groups, int n_groups) override;
-  void prepare_matmul_weight(const TensorView& w) override;
+  bool prepare_matmul_weight(const TensorView& w) override;
   int64_t prepared_weight_bytes() const override { return prepared_bytes_; }
   ThreadPool* host_thread_pool() override { return &pool_; }
   // Memory ops, in memory.cc: host memory (alloc_huge), transfers are copies.

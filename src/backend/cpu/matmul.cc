@@ -438,16 +438,16 @@ const uint8_t* CpuBackend::packed_for(const TensorView& w) const {
   return p.panels;
 }
 
-void CpuBackend::prepare_matmul_weight(const TensorView& w) {
+bool CpuBackend::prepare_matmul_weight(const TensorView& w) {
   const int type = static_cast<int>(w.dtype);
-  if (w.n_dims() != 2 || type >= kNumDTypes) return;
+  if (w.n_dims() != 2 || type >= kNumDTypes) return false;
   const bool is_i8 = w.dtype == DType::kI8;
   if (is_i8 ? kernels_.pack_i8 == nullptr || w.row_scales == nullptr
             : kernels_.pack_weight[type] == nullptr) {
-    return;
+    return false;
   }
   const int64_t n = w.shape[0], k = w.shape[1];
-  if (n == 0 || k % 32 != 0) return;
+  if (n == 0 || k % 32 != 0) return false;
   const int64_t panel_bytes = kernels_.packed_layout[type].panel_bytes(k);
   const int64_t n_panels = (n + kMatmulPackRows - 1) / kMatmulPackRows;
   PackedWeight p{w.dtype, n, k, w.row_scales, ScratchBuffer(), nullptr, 0};
@@ -470,6 +470,10 @@ void CpuBackend::prepare_matmul_weight(const TensorView& w) {
   p.bytes = n_panels * panel_bytes;
   prepared_bytes_ += p.bytes;
   packed_.emplace(w.data, std::move(p));
+  // plan_matmul takes the copy for every call that has a packed kernel: all token
+  // counts for I8, the batched ones for the other types.
+  return kernels_.matmul_packed[type] != nullptr &&
+         (is_i8 || kernels_.matmul_batched_min_tokens <= 1);
 }
 
 void CpuBackend::matmul(const TensorView& w, const TensorView* bias, const float* x,
