@@ -8,6 +8,7 @@
 // "mla_f16/", "mla_f8/", "mla_f32/": MLA's absorbed decode at R1's shape (128 heads over
 // one 576-wide latent pool, values its first 512) through paged_latent_attention, with
 // multiply-accumulates per second; ".../v16" keeps 16 values, to isolate the scores.
+// "mla_prefill/": a 512-token prompt's attention over its expanded keys and values.
 //
 // Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
 // DSERVE_BENCH_THREADS (default: all cores).
@@ -20,6 +21,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -176,6 +178,35 @@ void bm_mla(benchmark::State& state, MlaCase c, DType dtype) {
   state.SetLabel(std::string(bench_backend().name()));
 }
 
+// MLA's prompt attention at R1's shape: a 512-token prompt whose latents were expanded
+// to per-head keys (128 + 64 rope dims) and values (128), causal over itself through
+// attention(), as DeepseekModel::attend_expanded_run runs it. Multiply-accumulates per
+// second: (192 + 128) per head per visible (query, key) pair.
+// k_pad / v_pad: floats added to each position's row of keys / values.
+void bm_mla_prefill(benchmark::State& state, int k_pad, int v_pad) {
+  constexpr int kTokens = 512, kHeads = 128, kQk = 192, kV = 128;
+  const int64_t k_row = kHeads * kQk + k_pad, v_row = kHeads * kV + v_pad;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  std::vector<float> q(int64_t{kTokens} * kHeads * kQk), k(kTokens * k_row), v(kTokens * v_row),
+      out(int64_t{kTokens} * kHeads * kV);
+  for (auto* a : {&q, &k, &v}) {
+    for (auto& x : *a) x = dist(rng);
+  }
+  std::vector<int32_t> pos(kTokens);
+  std::iota(pos.begin(), pos.end(), 0);
+  Backend& b = bench_backend();
+  for (auto _ : state) {
+    b.attention(q.data(), k.data(), v.data(), out.data(), kTokens, pos.data(), kTokens, kHeads,
+                kHeads, kQk, kV, 0.07f, k_row, v_row);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double pairs = double(kTokens) * (kTokens + 1) / 2;
+  state.counters["GMAC/s"] = benchmark::Counter(
+      double(state.iterations()) * pairs * kHeads * (kQk + kV) * 1e-9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(bench_backend().name()));
+}
+
 }  // namespace
 }  // namespace dserve
 
@@ -235,6 +266,16 @@ int main(int argc, char** argv) {
           ->UseRealTime()
           ->ComputeStatistics("min", min_stat, benchmark::StatisticUnit::kTime);
     }
+  }
+  // Rows of 128 x 192 and 128 x 128 floats are multiples of 4 KiB; "/padded" adds a
+  // cache line to each (as DeepseekModel lays them out).
+  for (const auto& [name, k_pad, v_pad] :
+       {std::tuple{"mla_prefill/512/h128qk192v128", 0, 0},
+        std::tuple{"mla_prefill/512/h128qk192v128/padded", 16, 16}}) {
+    benchmark::RegisterBenchmark(name, bm_mla_prefill, k_pad, v_pad)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->ComputeStatistics("min", min_stat, benchmark::StatisticUnit::kTime);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

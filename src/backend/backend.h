@@ -255,10 +255,14 @@ class Backend {
   //   v   [n_kv, n_kv_heads, v_dim]            values
   //   out [n_tokens, n_heads, v_dim]
   // Token t attends to keys 0..positions[t]. Head h uses kv head h / (n_heads / n_kv_heads).
-  // Softmax in FP32 with the given scale.
+  // Softmax in FP32 with the given scale. k_row / v_row: floats from one position's keys
+  // (values) to the next, at least n_kv_heads * head_dim (v_dim); 0 means exactly that.
+  // A padded row keeps a head's keys from falling into one cache set when the row is a
+  // multiple of 4 KiB (128 heads of 192 floats).
   virtual void attention(const float* q, const float* k, const float* v, float* out,
                          int64_t n_tokens, const int32_t* positions, int64_t n_kv, int n_heads,
-                         int n_kv_heads, int head_dim, int v_dim, float scale) = 0;
+                         int n_kv_heads, int head_dim, int v_dim, float scale, int64_t k_row = 0,
+                         int64_t v_row = 0) = 0;
 
   // --- Paged KV cache -------------------------------------------------------------
   // A KV pool is n_slots = n_blocks * block_size token slots, each holding `row`

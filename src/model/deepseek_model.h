@@ -329,7 +329,8 @@ class DeepseekModel {
   Status compute_logits(int64_t n_out, const TensorView& norm, const TensorView& head,
                         std::vector<float>* logits);
   // Keys k [n_kv, g, qk] and values v [n_kv, g, v] of heads [h0, h0 + g) from cached
-  // latent rows (c_all: their first kv_lora_rank values, contiguous).
+  // latent rows (c_all: their first kv_lora_rank values, contiguous); a position's keys
+  // (values) expanded_row(g qk) (expanded_row(g v)) floats after the one before.
   void expand_keys_values(const TensorView& kv_b, int64_t h0, int64_t g, const float* latent,
                           const float* c_all, int64_t n_kv, float* k, float* v);
   void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv);

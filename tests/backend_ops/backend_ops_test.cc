@@ -759,6 +759,19 @@ TEST_P(BackendOpsTest, Attention) {
         }
       }
     }
+    // The same keys and values in padded rows (k_row, v_row): the same bits.
+    const int64_t k_len = int64_t{c.n_kv_heads} * c.head_dim, v_len = int64_t{c.n_kv_heads} * c.v_dim;
+    const int64_t k_row = k_len + 5, v_row = v_len + 16;
+    std::vector<float> k_padded(c.n_kv * k_row, NAN), v_padded(c.n_kv * v_row, NAN);
+    for (int64_t j = 0; j < c.n_kv; ++j) {
+      std::copy_n(k.begin() + j * k_len, k_len, k_padded.begin() + j * k_row);
+      std::copy_n(v.begin() + j * v_len, v_len, v_padded.begin() + j * v_row);
+    }
+    std::vector<float> out_padded(out.size());
+    backend_->attention(q.data(), k_padded.data(), v_padded.data(), out_padded.data(), c.n_tokens,
+                        pos.data(), c.n_kv, c.n_heads, c.n_kv_heads, c.head_dim, c.v_dim, scale,
+                        k_row, v_row);
+    ASSERT_EQ(out_padded, out);
   }
 }
 

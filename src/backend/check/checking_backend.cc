@@ -164,7 +164,7 @@ class CheckingBackend final : public Backend {
   }
   void attention(const float* q, const float* k, const float* v, float* out, int64_t n_tokens,
                  const int32_t* positions, int64_t n_kv, int n_heads, int n_kv_heads, int head_dim,
-                 int v_dim, float scale) override {
+                 int v_dim, float scale, int64_t k_row = 0, int64_t v_row = 0) override {
     check(q, 0, "attention");
     check(k, 0, "attention");
     check(v, 0, "attention");
@@ -172,7 +172,7 @@ class CheckingBackend final : public Backend {
     check(positions, n_tokens * sizeof(int32_t), "attention");
     Open open(*this);
     inner_->attention(q, k, v, out, n_tokens, positions, n_kv, n_heads, n_kv_heads, head_dim, v_dim,
-                      scale);
+                      scale, k_row, v_row);
   }
   void kv_store(DType kv_dtype, void* pool, int64_t row, const float* x, const int64_t* slots,
                 int64_t n) override {

@@ -11,8 +11,12 @@ namespace dserve::cpu {
 
 void CpuBackend::attention(const float* q, const float* k, const float* v, float* out,
                            int64_t n_tokens, const int32_t* positions, int64_t n_kv, int n_heads,
-                           int n_kv_heads, int head_dim, int v_dim, float scale) {
+                           int n_kv_heads, int head_dim, int v_dim, float scale, int64_t k_row,
+                           int64_t v_row) {
   DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  if (k_row == 0) k_row = int64_t{n_kv_heads} * head_dim;
+  if (v_row == 0) v_row = int64_t{n_kv_heads} * v_dim;
+  DS_CHECK(k_row >= int64_t{n_kv_heads} * head_dim && v_row >= int64_t{n_kv_heads} * v_dim);
   for (int64_t t = 0; t < n_tokens; ++t) {
     DS_CHECK_MSG(positions[t] >= 0 && positions[t] < n_kv,
                  "query position %d has no key (n_kv %lld)", positions[t],
@@ -36,7 +40,8 @@ void CpuBackend::attention(const float* q, const float* k, const float* v, float
   batch.block_tables = table;
   batch.block_table_offsets = offsets;
   batch.block_size = kBlock;
-  paged_attention(q, DType::kF32, k, v, out, batch, n_heads, n_kv_heads, head_dim, v_dim, scale);
+  run_paged_attention(q, DType::kF32, k, v, out, batch, n_heads, n_kv_heads, head_dim, v_dim, k_row,
+                      v_row, scale);
 }
 
 }  // namespace dserve::cpu

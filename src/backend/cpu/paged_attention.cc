@@ -473,7 +473,12 @@ void CpuBackend::run_group_tasks(const PagedAttentionCall& call) {
   const int64_t state_floats = call.state_floats;
   const int64_t per_group = call.tiles_per_group();
   const int v_dim = call.v_dim;
-  pool_.run(call.n_groups(), [&](int64_t g, int thread) {
+  // Tasks run head by head (a KV head's runs of tokens one after another): in a prefill
+  // the runs of one head read the same K/V rows, which then come from cache, not
+  // memory.
+  const int64_t n_runs = call.n_groups() / call.n_kv_heads;
+  pool_.run(call.n_groups(), [&](int64_t task, int thread) {
+    const int64_t g = task % n_runs * call.n_kv_heads + task / n_runs;
     float* base = per_thread_[thread].get_as<float>(2 * per_group * state_floats +
                                                     call.scratch_floats());
     float* totals = base;                                // [per_group] running states
