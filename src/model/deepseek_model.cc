@@ -707,11 +707,6 @@ const TensorView& DeepseekModel::expanded_kv_b(int layer) {
   return *w.kv_b;
 }
 
-// Keys and values of heads [h0, h0 + g) over n_kv cached positions:
-//   kvb [n_kv, g, nope + v] = c_all · kv_b[heads h0 .. h0 + g)ᵀ
-//   k [n_kv, g, nope + rope] = [kvb's nope part | the position's k_pe];  v [n_kv, g, v]
-// latent: the positions' cached rows (k_pe after the first r values); c_all: their
-// first r values, contiguous.
 // Floats per position of expanded keys or values over `floats` (heads x dims), padded to
 // an odd number of cache lines: R1's 128 heads of 192 (or 128) floats are a multiple of
 // 4 KiB, which would put one head's keys of every position into one L1 set, so that a
@@ -722,6 +717,11 @@ static int64_t expanded_row(int64_t floats) {
   return floats % kLine == 0 && floats / kLine % 2 == 0 ? floats + kLine : floats;
 }
 
+// Keys and values of heads [h0, h0 + g) over n_kv cached positions:
+//   kvb [n_kv, g, nope + v] = c_all · kv_b[heads h0 .. h0 + g)ᵀ
+//   k [n_kv, g, nope + rope] = [kvb's nope part | the position's k_pe];  v [n_kv, g, v]
+// latent: the positions' cached rows (k_pe after the first r values); c_all: their
+// first r values, contiguous.
 void DeepseekModel::expand_keys_values(const TensorView& kv_b, int64_t h0, int64_t g,
                                        const float* latent, const float* c_all, int64_t n_kv,
                                        float* k, float* v) {
