@@ -46,7 +46,7 @@ export CCACHE_MAXSIZE ?= 4G
 # Expanded when a recipe runs (=, not :=), after `deps` has installed ccache: computed
 # when make read this file, a fresh machine's first build went without it and the
 # next make reconfigured every build directory with it, rebuilding all from scratch.
-CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+CMAKE_LAUNCHER = $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 # The sanitizer builds: -O2 (the kernels' intrinsics want their constants folded) with
 # line tables only (-g1: stack traces still name file and line), much cheaper to
 # compile than full debug information.

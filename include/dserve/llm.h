@@ -57,6 +57,8 @@ struct LlmOptions {
   std::optional<uint64_t> seed;  // seeds unseeded requests' RNGs; none: random
   int n_threads = 0;  // 0: one per core
   std::string isa;    // force "scalar", "avx2" or "avx512" kernels; empty: best available
+  // "cpu" or "cuda"; empty: cuda where this binary has it and a GPU is found, else cpu.
+  std::string device;
   std::string quantization;  // expected weight quantisation (ModelFiles::open); empty: any
   // FP8 checkpoints: "fp8" keeps the weights at 1 byte each (the kernels convert),
   // "bf16" converts them at load.

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -201,6 +202,17 @@ class Backend {
   // Bytes the copies made by prepare_matmul_weight hold (memory on top of the weights
   // as loaded, which memory budgets must count). Default: 0.
   virtual int64_t prepared_weight_bytes() const { return 0; }
+
+  // Where the backend's memory is a device's own (a GPU), what it holds, for sizing the
+  // KV pool from the card (--gpu-memory-utilization) rather than from host memory.
+  // Default: nullopt (the backend's memory is host memory).
+  struct DeviceMemory {
+    int64_t total = 0;           // the device's memory
+    int64_t free = 0;            // not yet taken, by this process or any other
+    int64_t weight_bytes = 0;    // of what this backend took, its copies of weights
+    std::string description;     // "GPU 0, NVIDIA H200" (for the start-up log)
+  };
+  virtual std::optional<DeviceMemory> device_memory() const { return std::nullopt; }
 
   // Optional: the host threads this backend computes with, for host-side work between
   // its operations (sampling the step's logits) on the thread that drives the backend.

@@ -82,6 +82,7 @@ Status bench(const BenchThroughputOptions& o) {
   lo.enable_prefix_caching = !o.no_enable_prefix_caching;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
+  lo.device = o.common.device;
   lo.quantization = o.common.quantization;
   lo.fp8_weights = o.common.fp8_weights;
   DS_ASSIGN_OR_RETURN(std::unique_ptr<LLM> llm, LLM::create(path, lo));

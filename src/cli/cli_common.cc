@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "backend/backend_registry.h"
 #include "backend/cpu/cpu_isa.h"
 
 namespace dserve::cli {
@@ -55,11 +56,12 @@ Result<std::unique_ptr<ModelFiles>> open_model_files(const CommonOptions& option
 
 Result<std::unique_ptr<Backend>> make_backend(const CommonOptions& options) {
   if (!options.isa.empty()) DS_RETURN_IF_ERROR(cpu::check_isa(options.isa));
-  CpuBackendOptions cpu;
-  cpu.n_threads = options.n_threads;
-  cpu.pin_threads = options.pin_threads;
-  cpu.isa = options.isa;
-  return make_cpu_backend(cpu);
+  BackendOptions backend;
+  backend.device = options.device;
+  backend.cpu.n_threads = options.n_threads;
+  backend.cpu.pin_threads = options.pin_threads;
+  backend.cpu.isa = options.isa;
+  return ::dserve::make_backend(backend);
 }
 
 Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::string& what) {

@@ -26,6 +26,8 @@ struct CommonOptions {
   bool pin_threads = false;
   std::string log_level = "warning";
   std::string isa;  // force "scalar", "avx2" or "avx512" kernels; empty: best available
+  // "cpu" or "cuda"; empty: cuda where this binary has it and a GPU is found, else cpu.
+  std::string device;
   // The weights' quantisation the user expects ("compressed-tensors", "ascend");
   // empty: whatever the files say (ModelFiles::open).
   std::string quantization;
@@ -46,7 +48,8 @@ std::string default_model_path();
 // says `make model` when the default model is missing.
 Result<std::unique_ptr<ModelFiles>> open_model_files(const CommonOptions& options);
 
-// InvalidArgument if --isa names an instruction set this CPU or build lacks.
+// The backend --device names (backend/backend_registry.h). InvalidArgument if --isa
+// names an instruction set this CPU or build lacks.
 Result<std::unique_ptr<Backend>> make_backend(const CommonOptions& options);
 
 // "1,2,3" or "1 2 3" (commas, spaces, newlines, optional [ ] brackets) -> ids.

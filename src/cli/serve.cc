@@ -167,6 +167,10 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
       ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon", "neon-dotprod"}));
+  cmd->add_option("--device", o->common.device,
+                  "cpu or cuda (default: cuda where this binary has the CUDA backend and a GPU "
+                  "is found, else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   o->common.log_level = "info";
   return cmd;
 }
@@ -461,6 +465,7 @@ Result<LlmOptions> llm_options(const ServeOptions& o, const std::string& model_p
   lo.seed = o.seed;
   lo.n_threads = o.common.n_threads;
   lo.isa = o.common.isa;
+  lo.device = o.common.device;
   // fp8 is how FP8 checkpoints load anyway; the W8A8 formats are checked by the loader.
   lo.quantization = o.quantization == "fp8" ? "" : o.quantization;
   lo.fp8_weights = o.common.fp8_weights;

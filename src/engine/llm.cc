@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "backend/backend.h"
+#include "backend/backend_registry.h"
 #include "backend/cpu/cpu_isa.h"
 #include "base/log.h"
 #include "base/memory_limit.h"
@@ -58,10 +59,11 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
                             " tokens, more than the " + std::to_string(kMaxContext) +
                             " dserve can serve; pass a smaller --max-model-len");
   }
-  CpuBackendOptions cpu;
-  cpu.n_threads = o.n_threads;
-  cpu.isa = o.isa;
-  llm->backend_ = make_cpu_backend(cpu);
+  BackendOptions backend;
+  backend.device = o.device;
+  backend.cpu.n_threads = o.n_threads;
+  backend.cpu.isa = o.isa;
+  DS_ASSIGN_OR_RETURN(llm->backend_, make_backend(backend));
   const int64_t weight_bytes = static_cast<int64_t>(files->total_tensor_bytes());
   const MemoryLimit limit = read_memory_limit();
   // With load_model this process may hold a share of the weights (one tensor-parallel
@@ -101,6 +103,16 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   budget_in.prepared_bytes = prepared_bytes;
   budget_in.released_bytes = released_bytes;
   budget_in.resident_bytes = resident_memory_bytes();
+  if (const std::optional<Backend::DeviceMemory> device = llm->backend_->device_memory()) {
+    // The KV pool lives in the device's memory: what the device holds now (context,
+    // weights copied at load), plus the weights still to be copied on first use.
+    budget_in.limit = MemoryLimit{device->total, device->description + " memory"};
+    budget_in.weight_bytes =
+        (device->total - device->free) + std::max<int64_t>(0, weight_bytes - device->weight_bytes);
+    budget_in.prepared_bytes = 0;
+    budget_in.released_bytes = 0;
+    budget_in.resident_bytes = -1;
+  }
   budget_in.buffer_bytes = working_buffer_bytes(o.max_num_seqs, llm->model_->info().vocab_size,
                                                 o.max_num_batched_tokens);
   DS_ASSIGN_OR_RETURN(KvCacheBudget budget, kv_cache_budget(budget_in));

@@ -1,0 +1,19 @@
+#include "backend/backend_registry.h"
+
+namespace dserve {
+
+std::string backend_devices_text() {
+  if (!cuda_backend_built()) return "cpu (this binary was built without the CUDA backend)";
+  const int n = cuda_device_count();
+  return "cpu, cuda (" + std::to_string(n) + (n == 1 ? " GPU" : " GPUs") + " found)";
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
+  std::string device = options.device;
+  if (device.empty()) device = cuda_device_count() > 0 ? "cuda" : "cpu";
+  if (device == "cpu") return make_cpu_backend(options.cpu);
+  if (device == "cuda") return make_cuda_backend(options.gpu);
+  return invalid_argument("--device '" + device + "': one of " + backend_devices_text());
+}
+
+}  // namespace dserve
