@@ -1,5 +1,7 @@
 #include "backend/backend_registry.h"
 
+#include <cstdlib>
+
 namespace dserve {
 
 std::string backend_devices_text() {
@@ -10,7 +12,10 @@ std::string backend_devices_text() {
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
   std::string device = options.device;
-  if (device.empty()) device = cuda_device_count() > 0 ? "cuda" : "cpu";
+  if (device.empty()) {
+    const char* env = std::getenv("DSERVE_DEVICE");
+    device = env != nullptr && *env != '\0' ? env : cuda_device_count() > 0 ? "cuda" : "cpu";
+  }
   if (device == "cpu") return make_cpu_backend(options.cpu);
   if (device == "cuda") return make_cuda_backend(options.gpu);
   return invalid_argument("--device '" + device + "': one of " + backend_devices_text());

@@ -14,7 +14,8 @@
 namespace dserve {
 
 struct BackendOptions {
-  // "cpu", "cuda", or empty: cuda where cuda_device_count() > 0, else cpu.
+  // "cpu", "cuda", or empty: $DSERVE_DEVICE when set (so that a test suite runs every
+  // process it starts on one device), else cuda where cuda_device_count() > 0, else cpu.
   std::string device;
   CpuBackendOptions cpu;  // the CPU backend's options (its threads also serve the host work)
   int gpu = 0;            // which GPU, for cuda

@@ -153,3 +153,19 @@ def test_usage_errors(dserve_bin):
     _fails_cleanly([dserve_bin])
     _fails_cleanly([dserve_bin, "generate", "--no-such-flag"], "no-such-flag")
     _fails_cleanly([dserve_bin, "serve", "--no-such-flag"], "no-such-flag")
+
+
+def _has_gpu():
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_device_cuda_without_a_gpu(dserve_bin, default_model, command):
+    """--device cuda where there is no GPU (or no CUDA backend in the binary): one
+    line saying so, not a crash and not a silent fall back to the CPU."""
+    if _has_gpu():
+        pytest.skip("this machine has a GPU")
+    args = ([dserve_bin, *_generate(default_model, "--device", "cuda")] if command == "generate"
+            else [dserve_bin, "serve", "--model", default_model, "--device", "cuda",
+                  "--port", "0", "--log-level", "error"])
+    _fails_cleanly(args, "--device cuda")

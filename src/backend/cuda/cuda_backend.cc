@@ -464,8 +464,10 @@ int cuda_device_count() {
 Result<std::unique_ptr<Backend>> make_cuda_backend(int gpu) {
   int n = 0;
   if (const cudaError_t err = cudaGetDeviceCount(&n); err != cudaSuccess) {
-    return unimplemented(std::string("--device cuda: no usable GPU (") + cudaGetErrorString(err) +
-                         ")");
+    // Without a driver the runtime reports "insufficient driver": say what it means.
+    return unimplemented(std::string("--device cuda: no usable GPU (no NVIDIA driver for CUDA 13 "
+                                     "or no GPU found; the CUDA runtime says: ") +
+                         cudaGetErrorString(err) + ")");
   }
   if (gpu < 0 || gpu >= n) {
     return invalid_argument("GPU " + std::to_string(gpu) + ": this machine has " +
