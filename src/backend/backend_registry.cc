@@ -18,7 +18,8 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
   }
   if (device == "cpu") return make_cpu_backend(options.cpu);
   if (device == "cuda") return make_cuda_backend(options.gpu);
-  return invalid_argument("--device '" + device + "': one of " + backend_devices_text());
+  return invalid_argument("device '" + device + "' (--device or $DSERVE_DEVICE): one of " +
+                          backend_devices_text());
 }
 
 }  // namespace dserve
