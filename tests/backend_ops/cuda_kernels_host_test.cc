@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/device_matrix.h"
+#include "backend/cuda/kernel_args.h"
 #include "backend/cuda/kernels.h"
 #include "backend_configs.h"
 #include "tensor/dequantize.h"
@@ -110,17 +110,8 @@ TEST(CudaKernelsOnHostTest, RoutingChoosesAsTheCpuBackend) {
     std::vector<int32_t> want_ids(n_tokens * c.k), got_ids(want_ids.size());
     std::vector<float> want_w(want_ids.size()), got_w(want_ids.size());
     cpu->moe_route(logits.data(), n_tokens, r, want_ids.data(), want_w.data());
-    cuda::RoutingArgs a;
-    a.n_experts = c.E;
-    a.top_k = c.k;
-    a.sigmoid = c.scoring == MoeScoring::kSigmoid;
-    a.group_select = c.groups == MoeGroupSelect::kNone ? 0 : c.groups == MoeGroupSelect::kMaxOfGroup ? 1 : 2;
-    a.n_groups = c.n_groups;
-    a.top_groups = c.top_groups;
-    a.normalize = c.normalize;
-    a.scaling = 2.5f;
-    a.correction_bias = r.correction_bias;
-    cuda::route_on_host(logits.data(), n_tokens, a, got_ids.data(), got_w.data());
+    cuda::route_on_host(logits.data(), n_tokens, cuda::routing_args_of(r), got_ids.data(),
+                        got_w.data());
     EXPECT_EQ(got_ids, want_ids);
     for (size_t i = 0; i < got_w.size(); ++i) {
       EXPECT_NEAR(got_w[i], want_w[i], 1e-6f * std::fabs(want_w[i])) << i;

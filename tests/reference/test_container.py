@@ -78,7 +78,9 @@ def with_dependencies(packages):
 def cmake_found_packages():
     cache = (build_dir() / "CMakeCache.txt").read_text()
     found = {}
-    for name, path in re.findall(r"^(\w+):(?:PATH|FILEPATH)=(/usr/\S+)$", cache, re.M):
+    # /usr/local holds no Debian package: there the CUDA toolkit, which the build uses
+    # when present (the CUDA backend) and the container's build stage does not have.
+    for name, path in re.findall(r"^(\w+):(?:PATH|FILEPATH)=(/usr/(?!local/)\S+)$", cache, re.M):
         if name.startswith("CMAKE_") or name.endswith("_EXECUTABLE") or path.endswith(".inc"):
             continue
         if path in ("/usr/include", "/usr/lib", "/usr/share"):

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/backend_registry.h"
-#include "backend/cuda/device_matrix.h"
+#include "backend/cuda/kernel_args.h"
 #include "backend/cuda/kernels.h"
 #include "base/check.h"
 #include "base/log.h"
@@ -172,23 +172,9 @@ class CudaBackend final : public Backend {
                  float* weights) override {
     DS_CHECK_MSG(r.n_experts <= cuda::kMaxRoutedExperts, "%d routed experts: at most %d on CUDA",
                  r.n_experts, cuda::kMaxRoutedExperts);
-    cuda::RoutingArgs a;
-    a.n_experts = r.n_experts;
-    a.top_k = r.top_k;
-    a.sigmoid = r.scoring == MoeScoring::kSigmoid;
-    switch (r.group_select) {
-      case MoeGroupSelect::kNone: a.group_select = 0; break;
-      case MoeGroupSelect::kMaxOfGroup: a.group_select = 1; break;
-      case MoeGroupSelect::kTopTwoSum: a.group_select = 2; break;
-    }
-    a.n_groups = r.n_groups;
-    a.top_groups = r.top_groups;
-    DS_CHECK_MSG(a.group_select == 0 || a.n_groups <= cuda::kMaxExpertGroups,
-                 "%d expert groups: at most %d on CUDA", a.n_groups, cuda::kMaxExpertGroups);
-    a.normalize = r.normalize;
-    a.scaling = r.scaling;
-    a.correction_bias = r.correction_bias;
-    cuda::moe_route(logits, n_tokens, a, ids, weights, stream_);
+    DS_CHECK_MSG(r.group_select == MoeGroupSelect::kNone || r.n_groups <= cuda::kMaxExpertGroups,
+                 "%d expert groups: at most %d on CUDA", r.n_groups, cuda::kMaxExpertGroups);
+    cuda::moe_route(logits, n_tokens, cuda::routing_args_of(r), ids, weights, stream_);
     check_launch();
   }
   void moe_experts(const float* x, int64_t n_tokens, const int32_t* ids, const float* weights,

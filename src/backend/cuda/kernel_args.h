@@ -1,12 +1,14 @@
-// DeviceMatrix from a TensorView: the kernels' description of a weight, its pointers
-// still the view's (host memory). CudaBackend copies the bytes and scales to the
-// device and points the matrix there; the host-side checks of kernels.h use it as is.
+// The kernels' arguments from the Backend interface's types: DeviceMatrix from a
+// TensorView (its pointers still the view's, host memory: CudaBackend copies the bytes
+// and scales to the device and points the matrix there; the host-side checks of
+// kernels.h use it as is), RoutingArgs from MoeRouting.
 //
 // Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "backend/cuda/kernels.h"
 #include "tensor/tensor_view.h"
 
@@ -42,6 +44,25 @@ inline DeviceMatrix matrix_of(const TensorView& w) {
     m.col0 = s.col0;
   }
   return m;
+}
+
+// The bias pointer is r's (backend memory for moe_route, host memory for route_on_host).
+inline RoutingArgs routing_args_of(const MoeRouting& r) {
+  RoutingArgs a;
+  a.n_experts = r.n_experts;
+  a.top_k = r.top_k;
+  a.sigmoid = r.scoring == MoeScoring::kSigmoid;
+  switch (r.group_select) {
+    case MoeGroupSelect::kNone: a.group_select = 0; break;
+    case MoeGroupSelect::kMaxOfGroup: a.group_select = 1; break;
+    case MoeGroupSelect::kTopTwoSum: a.group_select = 2; break;
+  }
+  a.n_groups = r.n_groups;
+  a.top_groups = r.top_groups;
+  a.normalize = r.normalize;
+  a.scaling = r.scaling;
+  a.correction_bias = r.correction_bias;
+  return a;
 }
 
 }  // namespace dserve::cuda
