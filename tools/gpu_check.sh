@@ -4,8 +4,10 @@
 #
 #   tools/gpu_check.sh prepare   # on the build machine: builds, then stages build/gpu_bundle/
 #                                # (binaries, W8A8 / FP8 fixtures, Python wheels; < 64 MiB)
-#   tools/gpu_check.sh run       # on the GPU machine, in the repository root with
-#                                # build/gpu_bundle/ beside it: results under $OUT
+#   tools/gpu_check.sh run [STEP...]  # on the GPU machine, in the repository root with
+#                                # build/gpu_bundle/ beside it: results under $OUT; the
+#                                # steps below, all by default (their limits add to more
+#                                # than 600 s: split them over calls where one is capped)
 #
 # `run` needs python3 with torch, transformers and safetensors (a PyTorch CUDA image);
 # pytest and the openai SDK come from the bundle's wheels when missing. Each step has
@@ -97,34 +99,50 @@ ops() {
   ! grep -q '^\[  SKIPPED \]' "$OUT/ops.txt"
 }
 
+wants() {  # step: in the steps asked for (all when none were)
+  [ ${#STEPS[@]} -eq 0 ] && return 0
+  local s
+  for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done
+  return 1
+}
+
 run() {
+  STEPS=("$@")
+  local s
+  for s in "${STEPS[@]}"; do
+    case "$s" in
+      ops | reference | cpu_cuda | serve | bench) ;;
+      *) echo "unknown step $s: ops, reference, cpu_cuda, serve, bench" >&2; exit 2 ;;
+    esac
+  done
   mkdir -p "$OUT"
-  : >"$OUT/summary.txt"
+  touch "$OUT/summary.txt"
   export DSERVE_BUILD_DIR="$PWD/$BUNDLE/build" DSERVE_FIXTURE_CACHE="$PWD/$BUNDLE/fixtures"
   export DSERVE_CACHE="${DSERVE_CACHE:-$PWD/build/gpu_cache}"
   { nvidia-smi; python3 -c 'import sys, torch, transformers; print(sys.version); print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0)); print("transformers", transformers.__version__)'; } >"$OUT/env.txt" 2>&1
   export -f ops
   export BUNDLE OUT
-  run_step ops 120 bash -c ops
+  wants ops && run_step ops 120 bash -c ops
 
   # A venv over the image's torch and transformers, with pytest and openai added.
   local py=python3
-  if ! python3 -c 'import pytest, openai' 2>/dev/null; then
+  [ -x build/gpu_venv/bin/python ] && py=build/gpu_venv/bin/python
+  if ! "$py" -c 'import pytest, openai' 2>/dev/null; then
     python3 -m venv --system-site-packages build/gpu_venv >"$OUT/venv.txt" 2>&1 &&
       build/gpu_venv/bin/pip install -q --no-index --find-links "$BUNDLE/wheels" pytest openai \
         >>"$OUT/venv.txt" 2>&1 && py=build/gpu_venv/bin/python
   fi
-  run_step reference 300 env DSERVE_DEVICE=cuda "$py" -m pytest -q -p no:cacheprovider \
+  wants reference && run_step reference 300 env DSERVE_DEVICE=cuda "$py" -m pytest -q -p no:cacheprovider \
     tests/reference/test_llama_reference.py tests/reference/test_deepseek_reference.py \
     tests/reference/test_fp8_kv_cache.py
-  run_step cpu_cuda 120 "$py" tools/gpu_compare.py "$BUNDLE/build/dserve" "$BUNDLE"/fixtures/*/
-  run_step serve 150 "$py" tools/gpu_serve_check.py "$BUNDLE/build/dserve"
-  run_step bench 300 "$py" tools/gpu_bench.py "$BUNDLE/build/dserve" --out "$OUT/bench.json"
+  wants cpu_cuda && run_step cpu_cuda 120 "$py" tools/gpu_compare.py "$BUNDLE/build/dserve" "$BUNDLE"/fixtures/*/
+  wants serve && run_step serve 150 "$py" tools/gpu_serve_check.py "$BUNDLE/build/dserve"
+  wants bench && run_step bench 300 "$py" tools/gpu_bench.py "$BUNDLE/build/dserve" --out "$OUT/bench.json"
   cat "$OUT/summary.txt"
 }
 
 case "${1:-}" in
   prepare) prepare ;;
-  run) run ;;
+  run) shift; run "$@" ;;
   *) echo "usage: tools/gpu_check.sh prepare|run" >&2; exit 2 ;;
 esac
