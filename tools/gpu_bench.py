@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """GPU benchmark of dserve's CUDA backend (for tools/gpu_check.sh; not a test): the
-DeepSeek-V3-shaped model of tools/bench_deepseek.py (BF16, 12 layers, 64 experts) on
-dserve `--device cuda` and on transformers on the same GPU, against the GPU's limits
-measured here with torch (a device-to-device copy for memory bandwidth, a BF16 matmul
-for the tensor-core peak).
+DeepSeek-V3-shaped model of tools/bench_deepseek.py (BF16, 12 layers, 64 experts), or
+with --default-model the default model's GGUF, on dserve `--device cuda` and on
+transformers on the same GPU, against the GPU's limits measured here with torch (a
+device-to-device copy for memory bandwidth, a BF16 matmul for the tensor-core peak).
 
 Rows: decode at batch 1 (128-token prompt, 64 tokens), decode at batch 32 (32 prompts
 of 128, 64 tokens each), prompt 512. Writes JSON to --out and prints it.
 
-  python3 tools/gpu_bench.py build/dserve --out bench.json
+  python3 tools/gpu_bench.py build/dserve --out bench.json [--default-model GGUF]
 """
 import argparse
 import json
@@ -72,8 +72,13 @@ def dserve_batch(dserve, model, n, prompt_len, tokens, out_json):
     return json.loads(pathlib.Path(out_json).read_text())
 
 
-def transformers_rows(model_dir):
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16)
+def transformers_rows(model_path):
+    path = pathlib.Path(model_path)
+    if path.suffix == ".gguf":  # dequantised by transformers (the gguf package)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, torch_dtype=torch.bfloat16)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
     model = model.cuda().eval()
     rows = {}
     with torch.no_grad():
@@ -92,10 +97,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dserve")
     ap.add_argument("--out", default="gpu_bench.json")
+    ap.add_argument("--default-model", help="the default model's GGUF, instead of the MoE")
     args = ap.parse_args()
     cache = pathlib.Path(os.environ.get("DSERVE_CACHE", pathlib.Path.home() / ".cache" / "dserve"))
-    model = cache / "bench" / "deepseek-v3-shaped-1024x12-e64"
-    build(model)
+    if args.default_model:
+        model = pathlib.Path(args.default_model)
+    else:
+        model = cache / "bench" / "deepseek-v3-shaped-1024x12-e64"
+        build(model)
     result = {"model": str(model), "limits": gpu_limits()}
     one = dserve_generate(args.dserve, str(model), 128, 64)
     one["fraction_of_copy_bandwidth"] = one["decode_GBps"] / result["limits"]["copy_GBps"]

@@ -22,6 +22,9 @@
 #              concurrent greedy requests equal to each alone
 #   bench      the DeepSeek-V3-shaped model: decode at batch 1 and 32, prompt 512, on
 #              dserve and transformers on the same GPU, against the GPU's bandwidth
+#   default    the same for the default model (Q4_1 GGUF, 94 MiB: `prepare` splits it
+#              into build/gpu_model/part1 and part2, each carried by a call of its own;
+#              a warm machine keeps what earlier calls carried)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=build/gpu_bundle
@@ -68,8 +71,16 @@ PY
     "$py" -m pip download -q --dest "$BUNDLE/wheels" --only-binary=:all: --python-version "$v" \
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 pytest openai || exit 1
   done
-  du -sh "$BUNDLE"
-  echo "carry: $BUNDLE (and run tools/gpu_check.sh run there)"
+  # gguf alone: its dependencies (numpy, pyyaml, tqdm) come with torch and transformers.
+  "$py" -m pip download -q --dest "$BUNDLE/wheels" --no-deps gguf || exit 1
+  # The default model in two halves: with the bundle it exceeds what one call carries.
+  local model="${DSERVE_MODEL:-${DSERVE_CACHE:-$HOME/.cache/dserve}/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+  rm -rf build/gpu_model && mkdir -p build/gpu_model/part1 build/gpu_model/part2
+  split -n 2 -d "$model" build/gpu_model/half. || exit 1
+  mv build/gpu_model/half.00 build/gpu_model/part1/ && mv build/gpu_model/half.01 build/gpu_model/part2/
+  sha256sum <"$model" | cut -d' ' -f1 >"$BUNDLE/default_model.sha256"
+  du -sh "$BUNDLE" build/gpu_model/part1 build/gpu_model/part2
+  echo "carry: $BUNDLE, then build/gpu_model/part1 and build/gpu_model/part2 (one per call)"
 }
 
 OUT="${OUT:-build/gpu_check}"
@@ -111,8 +122,8 @@ run() {
   local s
   for s in "${STEPS[@]}"; do
     case "$s" in
-      ops | reference | cpu_cuda | serve | bench) ;;
-      *) echo "unknown step $s: ops, reference, cpu_cuda, serve, bench" >&2; exit 2 ;;
+      ops | reference | cpu_cuda | serve | bench | default) ;;
+      *) echo "unknown step $s: ops, reference, cpu_cuda, serve, bench, default" >&2; exit 2 ;;
     esac
   done
   mkdir -p "$OUT"
@@ -127,9 +138,9 @@ run() {
   # A venv over the image's torch and transformers, with pytest and openai added.
   local py=python3
   [ -x build/gpu_venv/bin/python ] && py=build/gpu_venv/bin/python
-  if ! "$py" -c 'import pytest, openai' 2>/dev/null; then
+  if ! "$py" -c 'import pytest, openai, gguf' 2>/dev/null; then
     python3 -m venv --system-site-packages build/gpu_venv >"$OUT/venv.txt" 2>&1 &&
-      build/gpu_venv/bin/pip install -q --no-index --find-links "$BUNDLE/wheels" pytest openai \
+      build/gpu_venv/bin/pip install -q --no-index --find-links "$BUNDLE/wheels" pytest openai gguf \
         >>"$OUT/venv.txt" 2>&1 && py=build/gpu_venv/bin/python
   fi
   wants reference && run_step reference 300 env DSERVE_DEVICE=cuda "$py" -m pytest -q -p no:cacheprovider \
@@ -138,6 +149,17 @@ run() {
   wants cpu_cuda && run_step cpu_cuda 120 "$py" tools/gpu_compare.py "$BUNDLE/build/dserve" "$BUNDLE"/fixtures/*/
   wants serve && run_step serve 150 "$py" tools/gpu_serve_check.py "$BUNDLE/build/dserve"
   wants bench && run_step bench 300 "$py" tools/gpu_bench.py "$BUNDLE/build/dserve" --out "$OUT/bench.json"
+  if wants default; then
+    local gguf="$DSERVE_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    mkdir -p "$(dirname "$gguf")"
+    cat build/gpu_model/part1/half.00 build/gpu_model/part2/half.01 >"$gguf" 2>"$OUT/default.txt"
+    if [ "$(sha256sum <"$gguf" | cut -d' ' -f1)" = "$(cat "$BUNDLE/default_model.sha256")" ]; then
+      run_step default 300 "$py" tools/gpu_bench.py "$BUNDLE/build/dserve" --default-model "$gguf" \
+        --out "$OUT/default.json"
+    else
+      step_result default "FAIL: the default model's halves are missing or differ (carry both parts)"
+    fi
+  fi
   cat "$OUT/summary.txt"
 }
 
