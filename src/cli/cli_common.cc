@@ -92,6 +92,13 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::s
   return ids;
 }
 
+void add_device_option(CLI::App* cmd, std::string* value) {
+  cmd->add_option("--device", *value,
+                  "cpu or cuda (default: cuda where this binary has the CUDA backend and a GPU "
+                  "is found, else cpu; $DSERVE_DEVICE sets the default)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
 void add_kv_cache_dtype_option(CLI::App* cmd, std::string* value) {
   cmd->add_option("--kv-cache-dtype", *value,
                   "element type of the paged KV cache: auto (float16 on the CPU), float16, "

@@ -55,6 +55,10 @@ Result<std::unique_ptr<Backend>> make_backend(const CommonOptions& options);
 // "1,2,3" or "1 2 3" (commas, spaces, newlines, optional [ ] brackets) -> ids.
 Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::string& what);
 
+// --device on `cmd`, stored in *value: "cpu" or "cuda" (any other value is a parse
+// error that names the choices); unset leaves the choice to make_backend.
+void add_device_option(CLI::App* cmd, std::string* value);
+
 // --kv-cache-dtype (vLLM's flag) on `cmd`, stored in *value: "auto" (the default:
 // float16 on the CPU), "float16" or "float32"; any other value is a parse error that
 // names the choices.

@@ -30,10 +30,7 @@ void add_common_options(CLI::App* cmd, CommonOptions* o) {
   cmd->add_option("--isa", o->isa,
                   "force the CPU kernels' instruction set (default: best available)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon", "neon-dotprod"}));
-  cmd->add_option("--device", o->device,
-                  "cpu or cuda (default: cuda where this binary has the CUDA backend and a GPU "
-                  "is found, else cpu)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  dserve::cli::add_device_option(cmd, &o->device);
   cmd->add_option("--quantization", o->quantization,
                   "the weights' quantisation: compressed-tensors (W8A8) or ascend; default: "
                   "read from the files (a mismatch is an error)")

@@ -167,10 +167,7 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
       ->capture_default_str()->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->common.isa, "force the CPU kernels' instruction set")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon", "neon-dotprod"}));
-  cmd->add_option("--device", o->common.device,
-                  "cpu or cuda (default: cuda where this binary has the CUDA backend and a GPU "
-                  "is found, else cpu)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  add_device_option(cmd, &o->common.device);
   o->common.log_level = "info";
   return cmd;
 }

@@ -95,23 +95,21 @@ Result<std::unique_ptr<LLM>> LLM::create(const std::string& model_path, const Ll
   // The KV cache is sized within the process's memory limit (a container's cgroup
   // limit, else physical memory), so a limit too small fails here, not in an OOM kill.
   MemoryBudgetInput budget_in;
-  budget_in.limit = limit;
   budget_in.gpu_memory_utilization = o.gpu_memory_utilization;
   budget_in.kv_cache_memory = o.kv_cache_memory;
-  budget_in.weight_bytes = o.load_model ? std::max(resident_memory_bytes(), prepared_bytes)
-                                         : weight_bytes - released_bytes + prepared_bytes;
-  budget_in.prepared_bytes = prepared_bytes;
-  budget_in.released_bytes = released_bytes;
-  budget_in.resident_bytes = resident_memory_bytes();
   if (const std::optional<Backend::DeviceMemory> device = llm->backend_->device_memory()) {
     // The KV pool lives in the device's memory: what the device holds now (context,
     // weights copied at load), plus the weights still to be copied on first use.
     budget_in.limit = MemoryLimit{device->total, device->description + " memory"};
     budget_in.weight_bytes =
         (device->total - device->free) + std::max<int64_t>(0, weight_bytes - device->weight_bytes);
-    budget_in.prepared_bytes = 0;
-    budget_in.released_bytes = 0;
-    budget_in.resident_bytes = -1;
+  } else {
+    budget_in.limit = limit;
+    budget_in.weight_bytes = o.load_model ? std::max(resident_memory_bytes(), prepared_bytes)
+                                           : weight_bytes - released_bytes + prepared_bytes;
+    budget_in.prepared_bytes = prepared_bytes;
+    budget_in.released_bytes = released_bytes;
+    budget_in.resident_bytes = resident_memory_bytes();
   }
   budget_in.buffer_bytes = working_buffer_bytes(o.max_num_seqs, llm->model_->info().vocab_size,
                                                 o.max_num_batched_tokens);
