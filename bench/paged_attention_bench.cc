@@ -8,7 +8,8 @@
 // "mla_f16/", "mla_f8/", "mla_f32/": MLA's absorbed decode at R1's shape (128 heads over
 // one 576-wide latent pool, values its first 512) through paged_latent_attention, with
 // multiply-accumulates per second; ".../v16" keeps 16 values, to isolate the scores.
-// "mla_prefill/": a 512-token prompt's attention over its expanded keys and values.
+// "mla_prefill/": a 512-token prompt's attention over its expanded keys and values,
+// by attention() or (".../prompt_kernel") prompt_attention().
 //
 // Environment: DSERVE_BENCH_ISA (scalar / avx2 / avx512; default: best available),
 // DSERVE_BENCH_THREADS (default: all cores).
@@ -183,7 +184,7 @@ void bm_mla(benchmark::State& state, MlaCase c, DType dtype) {
 // attention(), as DeepseekModel::attend_expanded_run runs it. Multiply-accumulates per
 // second: (192 + 128) per head per visible (query, key) pair.
 // k_pad / v_pad: floats added to each position's row of keys / values.
-void bm_mla_prefill(benchmark::State& state, int k_pad, int v_pad) {
+void bm_mla_prefill(benchmark::State& state, int k_pad, int v_pad, bool prompt_kernel) {
   constexpr int kTokens = 512, kHeads = 128, kQk = 192, kV = 128;
   const int64_t k_row = kHeads * kQk + k_pad, v_row = kHeads * kV + v_pad;
   std::mt19937 rng(11);
@@ -197,8 +198,13 @@ void bm_mla_prefill(benchmark::State& state, int k_pad, int v_pad) {
   std::iota(pos.begin(), pos.end(), 0);
   Backend& b = bench_backend();
   for (auto _ : state) {
-    b.attention(q.data(), k.data(), v.data(), out.data(), kTokens, pos.data(), kTokens, kHeads,
-                kHeads, kQk, kV, 0.07f, k_row, v_row);
+    if (prompt_kernel) {
+      b.prompt_attention(q.data(), k.data(), v.data(), out.data(), kTokens, pos.data(), kTokens,
+                         kHeads, kHeads, kQk, kV, 0.07f, k_row, v_row);
+    } else {
+      b.attention(q.data(), k.data(), v.data(), out.data(), kTokens, pos.data(), kTokens, kHeads,
+                  kHeads, kQk, kV, 0.07f, k_row, v_row);
+    }
     benchmark::DoNotOptimize(out.data());
   }
   const double pairs = double(kTokens) * (kTokens + 1) / 2;
@@ -269,10 +275,12 @@ int main(int argc, char** argv) {
   }
   // Rows of 128 x 192 and 128 x 128 floats are multiples of 4 KiB; "/padded" adds a
   // cache line to each (as DeepseekModel lays them out).
-  for (const auto& [name, k_pad, v_pad] :
-       {std::tuple{"mla_prefill/512/h128qk192v128", 0, 0},
-        std::tuple{"mla_prefill/512/h128qk192v128/padded", 16, 16}}) {
-    benchmark::RegisterBenchmark(name, bm_mla_prefill, k_pad, v_pad)
+  for (const auto& [name, k_pad, v_pad, prompt] :
+       {std::tuple{"mla_prefill/512/h128qk192v128", 0, 0, false},
+        std::tuple{"mla_prefill/512/h128qk192v128/padded", 16, 16, false},
+        std::tuple{"mla_prefill/512/h128qk192v128/prompt_kernel", 0, 0, true},
+        std::tuple{"mla_prefill/512/h128qk192v128/padded/prompt_kernel", 16, 16, true}}) {
+    benchmark::RegisterBenchmark(name, bm_mla_prefill, k_pad, v_pad, prompt)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime()
         ->ComputeStatistics("min", min_stat, benchmark::StatisticUnit::kTime);

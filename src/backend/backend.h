@@ -276,6 +276,18 @@ class Backend {
                          int n_kv_heads, int head_dim, int v_dim, float scale, int64_t k_row = 0,
                          int64_t v_row = 0) = 0;
 
+  // attention() for a prompt's many queries (MLA's expanded form): the same contract,
+  // by a kernel that may suit many queries better and whose arithmetic may differ
+  // from attention()'s; a query's output is the same whatever other queries the call
+  // has, so a prompt gives the same bits however it is cut into calls.
+  virtual void prompt_attention(const float* q, const float* k, const float* v, float* out,
+                                int64_t n_tokens, const int32_t* positions, int64_t n_kv,
+                                int n_heads, int n_kv_heads, int head_dim, int v_dim,
+                                float scale, int64_t k_row = 0, int64_t v_row = 0) {
+    attention(q, k, v, out, n_tokens, positions, n_kv, n_heads, n_kv_heads, head_dim, v_dim,
+              scale, k_row, v_row);
+  }
+
   // --- Paged KV cache -------------------------------------------------------------
   // A KV pool is n_slots = n_blocks * block_size token slots, each holding `row`
   // elements of kv_dtype (keys: n_kv_heads * head_dim; values: n_kv_heads * v_dim; an

@@ -760,9 +760,9 @@ void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const flo
   backend_.copy_strided(c_all, latent,
                         {.n0 = n_kv, .len = r, .dst_stride0 = r, .src_stride0 = c.latent_dim()});
   expand_keys_values(kv_b, 0, H, latent, c_all, n_kv, k, v);
-  backend_.attention(s.q.get(), k, v, s.att.get(), n, s.batch.positions(), n_kv, static_cast<int>(H),
-                     static_cast<int>(H), static_cast<int>(qk), static_cast<int>(vd),
-                     c.softmax_scale(), k_row, v_row);
+  backend_.prompt_attention(s.q.get(), k, v, s.att.get(), n, s.batch.positions(), n_kv,
+                            static_cast<int>(H), static_cast<int>(H), static_cast<int>(qk),
+                            static_cast<int>(vd), c.softmax_scale(), k_row, v_row);
 }
 
 // Absorbed MLA, attending in the latent space:
@@ -1150,9 +1150,9 @@ void DeepseekModel::attend_expanded_run(int layer, const PagedMlaSplit::Run& run
     expand_keys_values(expanded_kv_b(layer), h0, g, latent, c_all, n_kv, k, v);
     backend_.copy_strided(q, s.q.get() + (run.first * H + h0) * qk,
                           {.n0 = n_q, .len = g * qk, .dst_stride0 = g * qk, .src_stride0 = H * qk});
-    backend_.attention(q, k, v, o, n_q, positions, n_kv, static_cast<int>(g),
-                       static_cast<int>(g), static_cast<int>(qk), static_cast<int>(vd),
-                       c.softmax_scale(), k_row, v_row);
+    backend_.prompt_attention(q, k, v, o, n_q, positions, n_kv, static_cast<int>(g),
+                              static_cast<int>(g), static_cast<int>(qk), static_cast<int>(vd),
+                              c.softmax_scale(), k_row, v_row);
     backend_.copy_strided(out + h0 * vd, o, {.n0 = n_q, .len = g * vd, .dst_stride0 = H * vd,
                                              .src_stride0 = g * vd});
   }

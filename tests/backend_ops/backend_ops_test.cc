@@ -666,62 +666,117 @@ TEST_P(BackendOpsTest, Rope) {
   }
 }
 
-TEST_P(BackendOpsTest, Attention) {
-  struct Case {
-    int64_t n_tokens, first_pos, n_kv;
-    int n_heads, n_kv_heads, head_dim, v_dim;
-  };
-  for (const Case& c : {Case{1, 49, 50, 4, 2, 16, 16}, Case{37, 0, 37, 6, 2, 32, 32},
-                        Case{37, 13, 50, 3, 3, 8, 12}, Case{5, 300, 305, 9, 3, 64, 64}}) {
-    SCOPED_TRACE("tokens " + std::to_string(c.n_tokens) + " n_kv " + std::to_string(c.n_kv));
-    std::vector<float> q = random_floats(c.n_tokens * c.n_heads * c.head_dim, rng_);
-    std::vector<float> k = random_floats(c.n_kv * c.n_kv_heads * c.head_dim, rng_);
-    std::vector<float> v = random_floats(c.n_kv * c.n_kv_heads * c.v_dim, rng_);
-    std::vector<int32_t> pos(c.n_tokens);
-    for (int64_t t = 0; t < c.n_tokens; ++t) pos[t] = static_cast<int32_t>(c.first_pos + t);
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    std::vector<float> out(c.n_tokens * c.n_heads * c.v_dim);
-    backend_->attention(q.data(), k.data(), v.data(), out.data(), c.n_tokens, pos.data(), c.n_kv,
-                        c.n_heads, c.n_kv_heads, c.head_dim, c.v_dim, scale);
-    const int group = c.n_heads / c.n_kv_heads;
-    for (int64_t t = 0; t < c.n_tokens; ++t) {
-      for (int h = 0; h < c.n_heads; ++h) {
-        const int kvh = h / group;
-        std::vector<double> s(pos[t] + 1);
-        double mx = -1e300, sum = 0;
-        for (int j = 0; j <= pos[t]; ++j) {
-          double d = 0;
-          for (int i = 0; i < c.head_dim; ++i) {
-            d += double{q[(t * c.n_heads + h) * c.head_dim + i]} *
-                 k[(j * c.n_kv_heads + kvh) * c.head_dim + i];
-          }
-          s[j] = d * scale;
-          mx = std::max(mx, s[j]);
+// Causal attention in double precision, from its definition: out[t, h] = sum_j
+// softmax_j(scale q[t, h] . k[j, kvh]) v[j, kvh] over keys 0 .. pos[t], kvh = h / group.
+struct AttentionCase {
+  int64_t n_tokens, first_pos, n_kv;
+  int n_heads, n_kv_heads, head_dim, v_dim;
+};
+std::vector<double> attention_reference(const AttentionCase& c, const std::vector<float>& q,
+                                        const std::vector<float>& k, const std::vector<float>& v,
+                                        const std::vector<int32_t>& pos, float scale) {
+  const int group = c.n_heads / c.n_kv_heads;
+  std::vector<double> out(c.n_tokens * c.n_heads * c.v_dim);
+  for (int64_t t = 0; t < c.n_tokens; ++t) {
+    for (int h = 0; h < c.n_heads; ++h) {
+      const int kvh = h / group;
+      std::vector<double> s(pos[t] + 1);
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j <= pos[t]; ++j) {
+        double d = 0;
+        for (int i = 0; i < c.head_dim; ++i) {
+          d += double{q[(t * c.n_heads + h) * c.head_dim + i]} *
+               k[(j * c.n_kv_heads + kvh) * c.head_dim + i];
         }
-        for (auto& e : s) sum += (e = std::exp(e - mx));
-        for (int i = 0; i < c.v_dim; ++i) {
-          double want = 0;
-          for (int j = 0; j <= pos[t]; ++j) {
-            want += s[j] / sum * v[(j * c.n_kv_heads + kvh) * c.v_dim + i];
-          }
-          ASSERT_NEAR(out[(t * c.n_heads + h) * c.v_dim + i], want, 1e-5)
-              << "t " << t << " h " << h << " i " << i;
-        }
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      for (auto& e : s) sum += (e = std::exp(e - mx));
+      for (int i = 0; i < c.v_dim; ++i) {
+        double want = 0;
+        for (int j = 0; j <= pos[t]; ++j) want += s[j] / sum * v[(j * c.n_kv_heads + kvh) * c.v_dim + i];
+        out[(t * c.n_heads + h) * c.v_dim + i] = want;
       }
     }
-    // The same keys and values in padded rows (k_row, v_row): the same bits.
-    const int64_t k_len = int64_t{c.n_kv_heads} * c.head_dim, v_len = int64_t{c.n_kv_heads} * c.v_dim;
-    const int64_t k_row = k_len + 5, v_row = v_len + 16;
-    std::vector<float> k_padded(c.n_kv * k_row, NAN), v_padded(c.n_kv * v_row, NAN);
-    for (int64_t j = 0; j < c.n_kv; ++j) {
-      std::copy_n(k.begin() + j * k_len, k_len, k_padded.begin() + j * k_row);
-      std::copy_n(v.begin() + j * v_len, v_len, v_padded.begin() + j * v_row);
+  }
+  return out;
+}
+
+// attention() or prompt_attention() of one case against the reference, and the same
+// keys and values in padded rows (k_row, v_row) giving the same bits. Returns the
+// output, with the inputs, for further checks.
+struct AttentionRun {
+  std::vector<float> q, k, v, out;
+  std::vector<int32_t> pos;
+  float scale;
+};
+AttentionRun check_attention(Backend& backend, const AttentionCase& c, bool prompt,
+                             std::mt19937& rng) {
+  SCOPED_TRACE("tokens " + std::to_string(c.n_tokens) + " n_kv " + std::to_string(c.n_kv) +
+               " head_dim " + std::to_string(c.head_dim) + (prompt ? " prompt" : ""));
+  AttentionRun r;
+  r.q = random_floats(c.n_tokens * c.n_heads * c.head_dim, rng);
+  r.k = random_floats(c.n_kv * c.n_kv_heads * c.head_dim, rng);
+  r.v = random_floats(c.n_kv * c.n_kv_heads * c.v_dim, rng);
+  r.pos.resize(c.n_tokens);
+  for (int64_t t = 0; t < c.n_tokens; ++t) r.pos[t] = static_cast<int32_t>(c.first_pos + t);
+  r.scale = 1.0f / std::sqrt(float(c.head_dim));
+  auto run = [&](const float* k, const float* v, float* out, int64_t k_row, int64_t v_row) {
+    auto fn = prompt ? &Backend::prompt_attention : &Backend::attention;
+    (backend.*fn)(r.q.data(), k, v, out, c.n_tokens, r.pos.data(), c.n_kv, c.n_heads,
+                  c.n_kv_heads, c.head_dim, c.v_dim, r.scale, k_row, v_row);
+  };
+  r.out.resize(c.n_tokens * c.n_heads * c.v_dim);
+  run(r.k.data(), r.v.data(), r.out.data(), 0, 0);
+  const std::vector<double> want = attention_reference(c, r.q, r.k, r.v, r.pos, r.scale);
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!(std::fabs(r.out[i] - want[i]) <= 1e-5)) {
+      ADD_FAILURE() << "output " << i << ": got " << r.out[i] << ", want " << want[i];
+      break;
     }
-    std::vector<float> out_padded(out.size());
-    backend_->attention(q.data(), k_padded.data(), v_padded.data(), out_padded.data(), c.n_tokens,
-                        pos.data(), c.n_kv, c.n_heads, c.n_kv_heads, c.head_dim, c.v_dim, scale,
-                        k_row, v_row);
-    ASSERT_EQ(out_padded, out);
+  }
+  const int64_t k_len = int64_t{c.n_kv_heads} * c.head_dim, v_len = int64_t{c.n_kv_heads} * c.v_dim;
+  const int64_t k_row = k_len + 5, v_row = v_len + 16;
+  std::vector<float> k_padded(c.n_kv * k_row, NAN), v_padded(c.n_kv * v_row, NAN);
+  for (int64_t j = 0; j < c.n_kv; ++j) {
+    std::copy_n(r.k.begin() + j * k_len, k_len, k_padded.begin() + j * k_row);
+    std::copy_n(r.v.begin() + j * v_len, v_len, v_padded.begin() + j * v_row);
+  }
+  std::vector<float> out_padded(r.out.size());
+  run(k_padded.data(), v_padded.data(), out_padded.data(), k_row, v_row);
+  EXPECT_EQ(out_padded, r.out);
+  return r;
+}
+
+TEST_P(BackendOpsTest, Attention) {
+  for (const AttentionCase& c :
+       {AttentionCase{1, 49, 50, 4, 2, 16, 16}, AttentionCase{37, 0, 37, 6, 2, 32, 32},
+        AttentionCase{37, 13, 50, 3, 3, 8, 12}, AttentionCase{5, 300, 305, 9, 3, 64, 64}}) {
+    check_attention(*backend_, c, /*prompt=*/false, rng_);
+  }
+}
+
+// prompt_attention against the reference (blocks of queries partly filled, several
+// key steps, a cached prefix, GQA, dims that leave vector tails, MLA's expanded shape),
+// and each query's output the same bits whatever other queries the call holds: a
+// prompt cut into calls at any points gives the whole call's bits.
+TEST_P(BackendOpsTest, PromptAttention) {
+  for (const AttentionCase& c :
+       {AttentionCase{1, 0, 1, 2, 2, 16, 16}, AttentionCase{37, 0, 37, 6, 2, 32, 32},
+        AttentionCase{70, 130, 200, 3, 3, 8, 12}, AttentionCase{17, 300, 317, 4, 1, 33, 7},
+        AttentionCase{100, 0, 100, 4, 4, 192, 128}}) {
+    const AttentionRun r = check_attention(*backend_, c, /*prompt=*/true, rng_);
+    const int64_t q_row = int64_t{c.n_heads} * c.head_dim, o_row = int64_t{c.n_heads} * c.v_dim;
+    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 1}, {c.n_tokens - 1, c.n_tokens},
+                              {c.n_tokens / 3, c.n_tokens / 3 + 19}}) {
+      end = std::min(end, c.n_tokens);
+      std::vector<float> part((end - begin) * o_row);
+      backend_->prompt_attention(r.q.data() + begin * q_row, r.k.data(), r.v.data(), part.data(),
+                                 end - begin, r.pos.data() + begin, c.n_kv, c.n_heads,
+                                 c.n_kv_heads, c.head_dim, c.v_dim, r.scale);
+      EXPECT_EQ(0, std::memcmp(part.data(), r.out.data() + begin * o_row, part.size() * 4))
+          << "tokens [" << begin << ", " << end << ")";
+    }
   }
 }
 

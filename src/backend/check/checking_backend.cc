@@ -174,6 +174,19 @@ class CheckingBackend final : public Backend {
     inner_->attention(q, k, v, out, n_tokens, positions, n_kv, n_heads, n_kv_heads, head_dim, v_dim,
                       scale, k_row, v_row);
   }
+  void prompt_attention(const float* q, const float* k, const float* v, float* out,
+                        int64_t n_tokens, const int32_t* positions, int64_t n_kv, int n_heads,
+                        int n_kv_heads, int head_dim, int v_dim, float scale, int64_t k_row = 0,
+                        int64_t v_row = 0) override {
+    check(q, 0, "prompt_attention");
+    check(k, 0, "prompt_attention");
+    check(v, 0, "prompt_attention");
+    check(out, 0, "prompt_attention");
+    check(positions, n_tokens * sizeof(int32_t), "prompt_attention");
+    Open open(*this);
+    inner_->prompt_attention(q, k, v, out, n_tokens, positions, n_kv, n_heads, n_kv_heads,
+                             head_dim, v_dim, scale, k_row, v_row);
+  }
   void kv_store(DType kv_dtype, void* pool, int64_t row, const float* x, const int64_t* slots,
                 int64_t n) override {
     check(pool, 0, "kv_store");

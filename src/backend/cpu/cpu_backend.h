@@ -65,6 +65,10 @@ class CpuBackend final : public Backend {
                  const int32_t* positions, int64_t n_kv, int n_heads, int n_kv_heads,
                  int head_dim, int v_dim, float scale, int64_t k_row = 0,
                  int64_t v_row = 0) override;
+  void prompt_attention(const float* q, const float* k, const float* v, float* out,
+                        int64_t n_tokens, const int32_t* positions, int64_t n_kv, int n_heads,
+                        int n_kv_heads, int head_dim, int v_dim, float scale, int64_t k_row = 0,
+                        int64_t v_row = 0) override;
   // Paged KV cache ops, in paged_attention.cc.
   void kv_store(DType kv_dtype, void* pool, int64_t row, const float* x, const int64_t* slots,
                 int64_t n) override;

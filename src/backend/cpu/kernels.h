@@ -251,6 +251,32 @@ struct AttnStepArgs {
   float* scores;  // [n_q, round_up(n_keys, 4)] scratch
 };
 
+// Prompt attention (CpuBackend::prompt_attention): one head of a block of up to
+// KernelTable::attn_prompt_queries queries of one sequence over its contiguous float
+// keys and values, the queries in vector lanes. Query i sees keys 0 .. positions[i].
+// Keys go in online-softmax steps of kAttnPromptKeyStep positions from position 0, so
+// a query's steps, and every lane's arithmetic, are its own: its output has the same
+// bits whatever block it is computed in (the engine's batch invariance) -- other bits
+// than attn_step's, whose arithmetic (dot products reduced across lanes) differs.
+inline constexpr int kAttnPromptKeyStep = 64;
+struct AttnPromptArgs {
+  const float* q;            // query i's row [head_dim] at q + i * q_stride
+  int64_t q_stride;
+  const int32_t* positions;  // [n_q]
+  int n_q;                   // 1 .. attn_prompt_queries
+  const float* k;            // key j's row [head_dim] at k + j * k_stride
+  const float* v;            // value j's row [v_dim] at v + j * v_stride
+  int64_t k_stride, v_stride;
+  int head_dim, v_dim;
+  float scale;
+  float* out;  // query i's output [v_dim] at out + i * out_stride
+  int64_t out_stride;
+  float* scratch;  // attn_prompt_scratch_floats(head_dim, v_dim, attn_prompt_queries)
+};
+inline int64_t attn_prompt_scratch_floats(int head_dim, int v_dim, int lanes) {
+  return int64_t{lanes} * (head_dim + kAttnPromptKeyStep + v_dim + 1);
+}
+
 struct KernelTable {
   CpuIsa isa;
   // x[k] -> one activation row (act_row_bytes bytes) in the given format.
@@ -291,6 +317,10 @@ struct KernelTable {
   void (*attn_step_f32)(const AttnStepArgs& a);  // see AttnStepArgs; float K/V
   void (*attn_step_f16)(const AttnStepArgs& a);  // the same over IEEE-half K/V
   void (*attn_step_f8)(const AttnStepArgs& a);   // the same over float8_e4m3fn K/V
+  // See AttnPromptArgs; null where the level has none (prompt_attention then runs
+  // attention's kernel). attn_prompt_queries: the most queries per call.
+  void (*attn_prompt_f32)(const AttnPromptArgs& a);
+  int attn_prompt_queries;
   // Row conversions for the F16 KV cache: round to nearest even (as f32_to_f16 in
   // tensor/half.h, bit for bit on every level), and back exactly.
   void (*f32_to_f16_row)(const float* x, uint16_t* out, int64_t n);
