@@ -842,6 +842,27 @@ void attn_step_neon(const AttnStepArgs& a) {
 }
 
 
+// ---- prompt attention: queries in vector lanes (attn_prompt_impl.h) ----
+
+// 24 accumulators of 32 vector registers.
+struct PromptVecNeon {
+  using T = float32x4_t;
+  static constexpr int kWidth = 4, kPromptAcc = 24;
+  static T zero() { return vdupq_n_f32(0.0f); }
+  static T set1(float a) { return vdupq_n_f32(a); }
+  static T load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, T v) { vst1q_f32(p, v); }
+  static T fma(T a, T b, T c) { return vfmaq_f32(c, a, b); }
+  static T add(T a, T b) { return vaddq_f32(a, b); }
+  static T sub(T a, T b) { return vsubq_f32(a, b); }
+  static T mul(T a, T b) { return vmulq_f32(a, b); }
+  static T max(T a, T b) { return vmaxq_f32(a, b); }
+  static T select_ge(T a, T b, T x, T y) { return vbslq_f32(vcgeq_f32(a, b), x, y); }
+  static T exp(T x) { return exp_vec(x); }
+};
+
+#include "backend/cpu/attn_prompt_impl.h"
+
 // ---- W8A8 (DType::kI8): int8 rows with one f32 scale each, kQ8Token activations ----
 // Both operands are signed, which is what SDOT (and vmull_s8) multiply, so no sign
 // juggling as on x86. Every dot is the exact int32 sum (|w| <= 128, |x| <= 127: a
@@ -965,6 +986,8 @@ KernelTable make_arm_table(CpuIsa isa) {
   t.attn_step_f32 = attn_step_neon<float>;
   t.attn_step_f16 = attn_step_neon<uint16_t>;
   t.attn_step_f8 = attn_step_neon<KvF8>;
+  t.attn_prompt_f32 = attn_prompt<PromptVecNeon>;
+  t.attn_prompt_queries = kAttnPromptVectors * PromptVecNeon::kWidth;
   t.f32_to_f16_row = f32_to_f16_row_neon;
   t.f16_to_f32_row = f16_to_f32_row_neon;
   t.f8_to_f32_row = f8_to_f32_row_neon;

@@ -1065,143 +1065,19 @@ void attn_step_x86(const AttnStepArgs& a) {
   flush();
 }
 
-// ---- prompt attention: queries in vector lanes (AttnPromptArgs, kernels.h) ----
+// ---- prompt attention: queries in vector lanes (attn_prompt_impl.h) ----
 
-// Accumulators of a register tile: NQV vectors of queries times 24 / NQV keys (scores)
-// or value dims (the weighted sum), of 32 vector registers with AVX-512 (12 of 16
-// with AVX2). Every FMA takes one broadcast key or value element and a vector of
-// queries' numbers, so no sum crosses lanes.
+// 24 accumulators of 32 vector registers with AVX-512, 12 of 16 with AVX2.
+struct PromptVecX86 : VecF {
 #if defined(__AVX512F__)
-constexpr int kPromptAcc = 24;
+  static constexpr int kPromptAcc = 24;
 #else
-constexpr int kPromptAcc = 12;
+  static constexpr int kPromptAcc = 12;
 #endif
+  static T exp(T x) { return exp_vec(x); }
+};
 
-// Scores of a step's keys [j0, j0 + nk) for the block's lanes:
-// st[j][lane] = scale * sum_d k_j[d] q_lane[d], the sum one FMA chain over d in order.
-template <int NQV>
-void attn_prompt_scores_x86(const AttnPromptArgs& a, const float* qt, int64_t p0, int nk,
-                            float* st) {
-  constexpr int W = VecF::kWidth, L = NQV * W, NK = kPromptAcc / NQV;
-  const VecF::T scale = VecF::set1(a.scale);
-  for (int j0 = 0; j0 < nk; j0 += NK) {
-    const float* kr[NK];  // keys past nk repeat the last one; their scores are dropped
-    for (int c = 0; c < NK; ++c) kr[c] = a.k + (p0 + (j0 + c < nk ? j0 + c : nk - 1)) * a.k_stride;
-    VecF::T acc[NK][NQV];
-    for (int c = 0; c < NK; ++c) {
-      for (int u = 0; u < NQV; ++u) acc[c][u] = VecF::zero();
-    }
-    for (int d = 0; d < a.head_dim; ++d) {
-      VecF::T qv[NQV];
-      for (int u = 0; u < NQV; ++u) qv[u] = VecF::load(qt + d * L + u * W);
-      for (int c = 0; c < NK; ++c) {
-        const VecF::T kb = VecF::set1(kr[c][d]);
-        for (int u = 0; u < NQV; ++u) acc[c][u] = VecF::fma(kb, qv[u], acc[c][u]);
-      }
-    }
-    const int nc = nk - j0 < NK ? nk - j0 : NK;
-    for (int c = 0; c < nc; ++c) {
-      for (int u = 0; u < NQV; ++u) VecF::store(st + (j0 + c) * L + u * W, VecF::mul(acc[c][u], scale));
-    }
-  }
-}
-
-// ot[d][lane] = ot[d][lane] * corr[lane] + sum_j st[j][lane] v_j[d] for value dims
-// [d0, d0 + C): a multiply, then FMAs in key order.
-template <int NQV, int C>
-void attn_prompt_values_x86(const AttnPromptArgs& a, const float* st, const VecF::T* corr,
-                            int64_t p0, int nk, int d0, float* ot) {
-  constexpr int W = VecF::kWidth, L = NQV * W;
-  VecF::T acc[C][NQV];
-  for (int c = 0; c < C; ++c) {
-    for (int u = 0; u < NQV; ++u) acc[c][u] = VecF::mul(VecF::load(ot + (d0 + c) * L + u * W), corr[u]);
-  }
-  for (int j = 0; j < nk; ++j) {
-    const float* vr = a.v + (p0 + j) * a.v_stride + d0;
-    VecF::T pv[NQV];
-    for (int u = 0; u < NQV; ++u) pv[u] = VecF::load(st + j * L + u * W);
-    for (int c = 0; c < C; ++c) {
-      const VecF::T vb = VecF::set1(vr[c]);
-      for (int u = 0; u < NQV; ++u) acc[c][u] = VecF::fma(vb, pv[u], acc[c][u]);
-    }
-  }
-  for (int c = 0; c < C; ++c) {
-    for (int u = 0; u < NQV; ++u) VecF::store(ot + (d0 + c) * L + u * W, acc[c][u]);
-  }
-}
-
-// One block of queries, NQV vectors of lanes; lanes past n_q repeat the last query.
-// Per step: scores, then per lane the new running max m' over the keys it sees, the
-// factor c = exp(m - m') for what was summed before, p_j = exp(s_j - m') for keys it
-// sees and exactly 0 for the others (so a step past a lane's position leaves its
-// state as it was: c = exp(0) = 1), l' = l c + sum_j p_j, then the values.
-template <int NQV>
-void attn_prompt_block_x86(const AttnPromptArgs& a) {
-  constexpr int W = VecF::kWidth, L = NQV * W, DV = kPromptAcc / NQV;
-  const int hd = a.head_dim, vd = a.v_dim;
-  float* qt = a.scratch;                   // [hd, L] the queries, transposed
-  float* st = qt + hd * L;                 // [kAttnPromptKeyStep, L] scores, then weights
-  float* ot = st + kAttnPromptKeyStep * L;  // [vd, L] unnormalised outputs
-  float* lanes = ot + vd * L;              // [L]
-  int64_t n_keys = 0;
-  for (int i = 0; i < L; ++i) {
-    const int src = i < a.n_q ? i : a.n_q - 1;
-    const float* qr = a.q + src * a.q_stride;
-    for (int d = 0; d < hd; ++d) qt[d * L + i] = qr[d];
-    lanes[i] = static_cast<float>(a.positions[src]);  // exact below 2^24
-    n_keys = a.positions[src] + int64_t{1} > n_keys ? a.positions[src] + int64_t{1} : n_keys;
-  }
-  VecF::T pos[NQV], m[NQV], l[NQV], corr[NQV];
-  for (int u = 0; u < NQV; ++u) {
-    pos[u] = VecF::load(lanes + u * W);
-    m[u] = VecF::set1(-INFINITY);
-    l[u] = VecF::zero();
-  }
-  for (int e = 0; e < vd * L; e += W) VecF::store(ot + e, VecF::zero());
-  const VecF::T neg_inf = VecF::set1(-INFINITY);
-  for (int64_t p0 = 0; p0 < n_keys; p0 += kAttnPromptKeyStep) {
-    const int nk = static_cast<int>(n_keys - p0 < kAttnPromptKeyStep ? n_keys - p0 : kAttnPromptKeyStep);
-    attn_prompt_scores_x86<NQV>(a, qt, p0, nk, st);
-    for (int u = 0; u < NQV; ++u) {
-      VecF::T mx = m[u];
-      for (int j = 0; j < nk; ++j) {
-        const VecF::T key = VecF::set1(static_cast<float>(p0 + j));
-        mx = VecF::max(mx, VecF::select_ge(pos[u], key, VecF::load(st + j * L + u * W), neg_inf));
-      }
-      corr[u] = exp_vec(VecF::sub(m[u], mx));  // m = -inf: exp(-87) times l = 0, acc = 0
-      VecF::T sum = VecF::zero();
-      for (int j = 0; j < nk; ++j) {
-        const VecF::T key = VecF::set1(static_cast<float>(p0 + j));
-        float* sj = st + j * L + u * W;
-        const VecF::T p = VecF::select_ge(pos[u], key, exp_vec(VecF::sub(VecF::load(sj), mx)), VecF::zero());
-        VecF::store(sj, p);
-        sum = VecF::add(sum, p);
-      }
-      l[u] = VecF::add(VecF::mul(l[u], corr[u]), sum);
-      m[u] = mx;
-    }
-    int d0 = 0;
-    for (; d0 + DV <= vd; d0 += DV) attn_prompt_values_x86<NQV, DV>(a, st, corr, p0, nk, d0, ot);
-    for (; d0 + 4 <= vd; d0 += 4) attn_prompt_values_x86<NQV, 4>(a, st, corr, p0, nk, d0, ot);
-    for (; d0 < vd; ++d0) attn_prompt_values_x86<NQV, 1>(a, st, corr, p0, nk, d0, ot);
-  }
-  for (int u = 0; u < NQV; ++u) VecF::store(lanes + u * W, l[u]);
-  for (int i = 0; i < a.n_q; ++i) {
-    const float inv = 1.0f / lanes[i];  // >= 1: the largest score contributes exp(0)
-    float* o = a.out + i * a.out_stride;
-    for (int d = 0; d < vd; ++d) o[d] = ot[d * L + i] * inv;
-  }
-}
-
-// A block of up to two vectors of queries; one vector when that holds them (the
-// lanes' arithmetic is the same either way).
-void attn_prompt_x86(const AttnPromptArgs& a) {
-  if (a.n_q <= VecF::kWidth) {
-    attn_prompt_block_x86<1>(a);
-  } else {
-    attn_prompt_block_x86<2>(a);
-  }
-}
+#include "backend/cpu/attn_prompt_impl.h"
 
 KernelTable make_x86_table(CpuIsa isa) {
   KernelTable t{};
@@ -1228,8 +1104,8 @@ KernelTable make_x86_table(CpuIsa isa) {
   t.attn_step_f32 = attn_step_x86<float>;
   t.attn_step_f16 = attn_step_x86<uint16_t>;
   t.attn_step_f8 = attn_step_x86<KvF8>;
-  t.attn_prompt_f32 = attn_prompt_x86;
-  t.attn_prompt_queries = 2 * VecF::kWidth;
+  t.attn_prompt_f32 = attn_prompt<PromptVecX86>;
+  t.attn_prompt_queries = kAttnPromptVectors * VecF::kWidth;
   t.f32_to_f16_row = f32_to_f16_row_x86;
   t.f16_to_f32_row = f16_to_f32_row_x86;
   t.f8_to_f32_row = f8_to_f32_row_x86;
