@@ -165,11 +165,7 @@ class CheckingBackend final : public Backend {
   void attention(const float* q, const float* k, const float* v, float* out, int64_t n_tokens,
                  const int32_t* positions, int64_t n_kv, int n_heads, int n_kv_heads, int head_dim,
                  int v_dim, float scale, int64_t k_row = 0, int64_t v_row = 0) override {
-    check(q, 0, "attention");
-    check(k, 0, "attention");
-    check(v, 0, "attention");
-    check(out, 0, "attention");
-    check(positions, n_tokens * sizeof(int32_t), "attention");
+    check_attention_args(q, k, v, out, positions, n_tokens, "attention");
     Open open(*this);
     inner_->attention(q, k, v, out, n_tokens, positions, n_kv, n_heads, n_kv_heads, head_dim, v_dim,
                       scale, k_row, v_row);
@@ -178,11 +174,7 @@ class CheckingBackend final : public Backend {
                         int64_t n_tokens, const int32_t* positions, int64_t n_kv, int n_heads,
                         int n_kv_heads, int head_dim, int v_dim, float scale, int64_t k_row = 0,
                         int64_t v_row = 0) override {
-    check(q, 0, "prompt_attention");
-    check(k, 0, "prompt_attention");
-    check(v, 0, "prompt_attention");
-    check(out, 0, "prompt_attention");
-    check(positions, n_tokens * sizeof(int32_t), "prompt_attention");
+    check_attention_args(q, k, v, out, positions, n_tokens, "prompt_attention");
     Open open(*this);
     inner_->prompt_attention(q, k, v, out, n_tokens, positions, n_kv, n_heads, n_kv_heads,
                              head_dim, v_dim, scale, k_row, v_row);
@@ -322,6 +314,15 @@ class CheckingBackend final : public Backend {
     if (std::find(touched_.begin(), touched_.end(), it->first) == touched_.end()) {
       touched_.push_back(it->first);
     }
+  }
+  // attention's and prompt_attention's pointers: q, k, v, out and the positions.
+  void check_attention_args(const float* q, const float* k, const float* v, const float* out,
+                            const int32_t* positions, int64_t n_tokens, const char* op) {
+    check(q, 0, op);
+    check(k, 0, op);
+    check(v, 0, op);
+    check(out, 0, op);
+    check(positions, n_tokens * sizeof(int32_t), op);
   }
 
   std::unique_ptr<Backend> inner_;
