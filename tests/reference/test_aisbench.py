@@ -325,7 +325,8 @@ def test_perf_sharegpt_at_a_request_rate(aisbench, server, tokenizer_dir, tmp_pa
                       "--models", "dserve_stream_chat", "--datasets", "dserve_sharegpt",
                       "--mode", "perf", "--num-warmups", 0,
                       AISBENCH_SHAREGPT=tmp_path / "sharegpt.json", AISBENCH_CONCURRENCY=8,
-                      AISBENCH_REQUEST_RATE=rate, AISBENCH_IGNORE_EOS=1)
+                      AISBENCH_REQUEST_RATE=rate, AISBENCH_BURSTINESS=0,
+                      AISBENCH_IGNORE_EOS=1)
     stamp = run.wait()
     common, _, details = _perf_result(stamp, f"dserve-stream-chat-c8-rate{rate:g}",
                                          "sharegpt")
@@ -341,12 +342,14 @@ def test_perf_sharegpt_at_a_request_rate(aisbench, server, tokenizer_dir, tmp_pa
                   for c in conversations for _ in range(len(c["conversations"]) // 2))
     assert sorted(r["output_tokens"] for r in details) == want
 
-    # The first turns leave at the rate: n sends over about (n - 1) / rate seconds
-    # (ais-bench scales its gamma intervals to n / rate in all; the first interval, an
-    # exponential of mean 1 / rate, is before the first send).
+    # The first turns leave at the rate. Burstiness 0 makes every interval 1 / rate (with
+    # gamma intervals the span is random: ais-bench scales the n intervals to n / rate in
+    # all, the first one before the first send), and a conversation takes one token, its
+    # later turns follow its answers: n first turns over (n - 1) / rate seconds, each
+    # send no earlier than its token.
     first = sorted(r["time_points"][0] for r in details if r["turn_id"] == 0)
     span = first[-1] - first[0]
-    assert abs(span - (len(first) - 1) / rate) <= 3 / rate, span
+    assert abs(span - (len(first) - 1) / rate) <= 3 / rate, (span, first)
 
 
 ARC_QUESTIONS = [

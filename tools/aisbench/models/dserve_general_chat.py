@@ -8,6 +8,7 @@ Values come from the environment as in models/dserve_stream_chat.py.
 """
 
 _rate = float("{{$AISBENCH_REQUEST_RATE:0}}")
+_burstiness = float("{{$AISBENCH_BURSTINESS:1}}")
 # mmengine needs a non-empty default: "-" stands for none.
 _model, _tokenizer, _api_key = (v if v != "-" else "" for v in (
     "{{$AISBENCH_MODEL:-}}", "{{$AISBENCH_TOKENIZER:-}}", "{{$AISBENCH_API_KEY:-}}"))
@@ -21,6 +22,7 @@ models = [
         model=_model,
         stream=False,
         request_rate=_rate,
+        traffic_cfg=dict(burstiness=_burstiness),
         use_timestamp=False,
         retry=2,
         api_key=_api_key,

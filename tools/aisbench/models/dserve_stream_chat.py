@@ -16,11 +16,14 @@ mmengine does not read as a lazy-import config), hence the types as dotted names
       list ("1,8,32") runs one benchmark per value, one after another
   AISBENCH_REQUEST_RATE [0]  requests/s (gamma arrivals, Poisson by default); 0 sends each
       request as soon as the concurrency allows
+  AISBENCH_BURSTINESS [1]  the gamma's shape: 1 Poisson, below 1 burstier, above 1 more
+      regular, 0 evenly spaced (every interval 1 / rate)
   AISBENCH_IGNORE_EOS [0]  1: every request generates its max_tokens (perf runs)
   AISBENCH_API_KEY [none]  sent as a Bearer token (`dserve serve --api-key`)
 """
 
 _rate = float("{{$AISBENCH_REQUEST_RATE:0}}")
+_burstiness = float("{{$AISBENCH_BURSTINESS:1}}")
 # mmengine needs a non-empty default: "-" stands for none.
 _model, _tokenizer, _api_key = (v if v != "-" else "" for v in (
     "{{$AISBENCH_MODEL:-}}", "{{$AISBENCH_TOKENIZER:-}}", "{{$AISBENCH_API_KEY:-}}"))
@@ -34,6 +37,7 @@ models = [
         model=_model,
         stream=True,
         request_rate=_rate,
+        traffic_cfg=dict(burstiness=_burstiness),
         use_timestamp=False,
         retry=2,
         api_key=_api_key,
