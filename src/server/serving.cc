@@ -590,7 +590,9 @@ Reply OpenAiServing::chat_completions(const json& body) const {
           "response_format or structured outputs",
           "tool_choice"));
     }
-    StructuredOutputs spec{StructuredOutputs::Kind::kJson, tool_choice_schema(r).dump()};
+    StructuredOutputs spec;
+    spec.kind = StructuredOutputs::Kind::kJson;
+    spec.text = tool_choice_schema(r).dump();
     if (Result<std::shared_ptr<const grammar::Grammar>> g = grammar::compile_grammar(spec); !g.ok()) {
       return Reply::error(ApiError::bad_request(
           "the tools' parameters cannot constrain decoding: " + g.status().message(), "tools"));

@@ -71,7 +71,7 @@ struct TensorView {
   const float* row_bias = nullptr;
   // DType::kF8_E4M3 only (else data null): the block scales, owned by whoever
   // attached them (model/fp8_weights.h).
-  BlockScales block_scales;
+  BlockScales block_scales{};
 
   int64_t n_elements() const {
     int64_t n = 1;

@@ -81,7 +81,9 @@ int act_block(DType t) {
     case DType::kI8:
     case DType::kF8_E4M3:
     case DType::kQ5_0:
-    case DType::kQ5_1: return 0;
+    case DType::kQ5_1:
+    case DType::kI32:
+    case DType::kI64: return 0;
   }
   return 0;
 }

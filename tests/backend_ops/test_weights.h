@@ -68,7 +68,9 @@ inline std::vector<uint8_t> random_weights(DType t, int64_t n, int64_t k, std::m
       case DType::kI8:  // scales beside the rows: see W8A8Weights
       case DType::kF8_E4M3:
       case DType::kQ5_0:
-      case DType::kQ5_1: break;
+      case DType::kQ5_1:
+      case DType::kI32:
+      case DType::kI64: break;
     }
   }
   return w;
