@@ -679,32 +679,28 @@ std::unique_ptr<MlaKvCache> DeepseekModel::new_kv_cache() const {
   return std::make_unique<MlaKvCache>(backend_, config_, max_context_);
 }
 
-// kv_b_proj [H * (nope + v), r] for the expanded form. A GGUF may store only its split
-// (attn_k_b, attn_v_b: W_UKᵀ per head, the transpose of what expanding needs), so it is
-// rebuilt from them once, on the first expanded batch (serving attends absorbed and
-// never asks), in F32: the stored values, whatever their type, dequantise to F32
-// exactly, not to BF16 or F16. Expanding attends over qk + v values per key and head
-// where the absorbed form attends over 2 (r + rope): 160 against 576 for V3's shape, so
-// a prompt is cheaper this way. Costs this rank's heads x (nope + v) x r x 4 bytes per
-// layer (V3: 64 MiB).
-const TensorView& DeepseekModel::expanded_kv_b(int layer) {
+// W_UK [H * nope, r] for the expanded form of a GGUF that stores only kv_b_proj's split:
+// attn_k_b holds W_UKᵀ per head, blocks along nope, the transpose of what expanding
+// needs, so it is rebuilt once, on the first expanded batch (serving attends absorbed
+// and never asks), in F32: the stored values, whatever their type, dequantise to F32
+// exactly, not to BF16 or F16. (attn_v_b's rows are W_UV as expanding reads them, so
+// the values expand from the file's own rows: expand_keys_values.) Costs this rank's
+// heads x nope x r x 4 bytes per layer (R1: 32 MiB).
+const TensorView& DeepseekModel::expanded_uk(int layer) {
   LayerWeights& w = layers_[layer];
-  if (w.kv_b != nullptr) return *w.kv_b;
+  if (w.uk != nullptr) return *w.uk;
   const DeepseekConfig& c = shard_;
-  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
-  std::vector<uint8_t> bytes(static_cast<size_t>(H * (nope + vd) * r) * sizeof(float));
+  const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim;
+  std::vector<uint8_t> bytes(static_cast<size_t>(H * nope * r) * sizeof(float));
   float* out = reinterpret_cast<float*>(bytes.data());
   for (int64_t h = 0; h < H; ++h) {
-    float* head = out + h * (nope + vd) * r;
-    dequantize_transposed(w.w_uk_t[h], head);  // W_UK [nope, r] from W_UKᵀ [r, nope]
-    const TensorView& uv = w.w_uv[h];  // [v, r]
-    for (int64_t e = 0; e < vd; ++e) dequantize_row(uv.dtype, uv.row(e), head + (nope + e) * r, r);
+    dequantize_transposed(w.w_uk_t[h], out + h * nope * r);  // W_UK [nope, r] from W_UKᵀ
   }
-  TensorView kv_b;
-  kv_b.dtype = DType::kF32;
-  kv_b.shape = {H * (nope + vd), r};
-  w.kv_b = own(std::move(kv_b), std::move(bytes));
-  return *w.kv_b;
+  TensorView uk;
+  uk.dtype = DType::kF32;
+  uk.shape = {H * nope, r};
+  w.uk = own(std::move(uk), std::move(bytes));
+  return *w.uk;
 }
 
 // Floats per position of expanded keys or values over `floats` (heads x dims), padded to
@@ -718,38 +714,63 @@ static int64_t expanded_row(int64_t floats) {
 }
 
 // Keys and values of heads [h0, h0 + g) over n_kv cached positions:
-//   kvb [n_kv, g, nope + v] = c_all · kv_b[heads h0 .. h0 + g)ᵀ
-//   k [n_kv, g, nope + rope] = [kvb's nope part | the position's k_pe];  v [n_kv, g, v]
+//   k [n_kv, g, nope + rope] = [c_all · W_UK_hᵀ | the position's k_pe]
+//   v [n_kv, g, v] = c_all · W_UV_hᵀ
 // latent: the positions' cached rows (k_pe after the first r values); c_all: their
-// first r values, contiguous.
-void DeepseekModel::expand_keys_values(const TensorView& kv_b, int64_t h0, int64_t g,
-                                       const float* latent, const float* c_all, int64_t n_kv,
-                                       float* k, float* v) {
+// first r values, contiguous. With the checkpoint's kv_b_proj, one product gives both
+// (kvb [n_kv, g, nope + v]); a split GGUF's keys come from W_UK rebuilt in F32 and its
+// values from attn_v_b's own rows (their blocks run along r, so Q8_0's integer kernels,
+// the latents quantised as any activation is for them, as the absorbed form's W_UV
+// products are).
+void DeepseekModel::expand_keys_values(int layer, int64_t h0, int64_t g, const float* latent,
+                                       const float* c_all, int64_t n_kv, float* k, float* v) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
+  const LayerWeights& w = layers_[layer];
   const int64_t r = c.kv_lora_rank, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), row = c.latent_dim();
   const int64_t k_row = expanded_row(g * qk), v_row = expanded_row(g * vd);
-  const int64_t kvb_row = nope + vd;
-  float* kvb = scratch_.kvb.ensure(n_kv * g * kvb_row);
-  backend_.matmul(g == c.n_heads ? kv_b : row_slice(kv_b, h0 * kvb_row, g * kvb_row), nullptr,
-                  c_all, n_kv, kvb);
-  // For each (position j, head h): k's nope part and v from kvb, k's rope part the
-  // position's shared k_pe (a zero head stride repeats it over the heads).
-  backend_.copy_strided(k, kvb, {.n0 = n_kv, .n1 = g, .len = nope, .dst_stride0 = k_row,
-                                 .dst_stride1 = qk, .src_stride0 = g * kvb_row,
-                                 .src_stride1 = kvb_row});
+  float* kvb = scratch_.kvb.ensure(n_kv * g * (nope + vd));
+  // Where k's nope part and v are in kvb: [position][head][...] strides.
+  StridedCopy k_from{.n0 = n_kv, .n1 = g, .len = nope, .dst_stride0 = k_row, .dst_stride1 = qk};
+  StridedCopy v_from{.n0 = n_kv, .n1 = g, .len = vd, .dst_stride0 = v_row, .dst_stride1 = vd};
+  const float* k_src = kvb;
+  const float* v_src = kvb;
+  if (w.kv_b != nullptr) {
+    const int64_t kvb_row = nope + vd;
+    backend_.matmul(g == c.n_heads ? *w.kv_b : row_slice(*w.kv_b, h0 * kvb_row, g * kvb_row),
+                    nullptr, c_all, n_kv, kvb);
+    k_from.src_stride0 = v_from.src_stride0 = g * kvb_row;
+    k_from.src_stride1 = v_from.src_stride1 = kvb_row;
+    v_src = kvb + nope;
+  } else {
+    // kb [n_kv, g, nope]; vb [g, n_kv, v], one product per head's rows of attn_v_b
+    // (the backend's prepared copies), the latents quantised once for all of them.
+    const TensorView& uk = expanded_uk(layer);
+    float* vb = kvb + n_kv * g * nope;
+    backend_.matmul(g == c.n_heads ? uk : row_slice(uk, h0 * nope, g * nope), nullptr, c_all,
+                    n_kv, kvb);
+    std::vector<MatmulTarget>& targets = scratch_.head_targets;
+    targets.resize(static_cast<size_t>(g));
+    for (int64_t h = 0; h < g; ++h) targets[h] = {&w.w_uv[h0 + h], nullptr, vb + h * n_kv * vd};
+    backend_.matmul_many(c_all, n_kv, targets.data(), static_cast<int>(g));
+    k_from.src_stride0 = g * nope;
+    k_from.src_stride1 = nope;
+    v_from.src_stride0 = vd;
+    v_from.src_stride1 = n_kv * vd;
+    v_src = vb;
+  }
+  // For each (position j, head h): k's nope part and v, k's rope part the position's
+  // shared k_pe (a zero head stride repeats it over the heads).
+  backend_.copy_strided(k, k_src, k_from);
   backend_.copy_strided(k + nope, latent + r, {.n0 = n_kv, .n1 = g, .len = rope,
                                                .dst_stride0 = k_row, .dst_stride1 = qk,
                                                .src_stride0 = row, .src_stride1 = 0});
-  backend_.copy_strided(v, kvb + nope, {.n0 = n_kv, .n1 = g, .len = vd, .dst_stride0 = v_row,
-                                        .dst_stride1 = vd, .src_stride0 = g * kvb_row,
-                                        .src_stride1 = kvb_row});
+  backend_.copy_strided(v, v_src, v_from);
 }
 
 // Expanded MLA over every cached position: c_all [n_kv, r] <- the latent rows, the
 // keys and values of all heads from them, att [n, H, v] = attention(q [n, H, qk], k, v).
-void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const float* latent,
-                                    int64_t n_kv) {
+void DeepseekModel::attend_expanded(int layer, int64_t n, const float* latent, int64_t n_kv) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   Scratch& s = scratch_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, vd = c.v_head_dim, qk = c.qk_head_dim();
@@ -759,7 +780,7 @@ void DeepseekModel::attend_expanded(const TensorView& kv_b, int64_t n, const flo
   float* v = s.v.ensure(n_kv * v_row);
   backend_.copy_strided(c_all, latent,
                         {.n0 = n_kv, .len = r, .dst_stride0 = r, .src_stride0 = c.latent_dim()});
-  expand_keys_values(kv_b, 0, H, latent, c_all, n_kv, k, v);
+  expand_keys_values(layer, 0, H, latent, c_all, n_kv, k, v);
   backend_.prompt_attention(s.q.get(), k, v, s.att.get(), n, s.batch.positions(), n_kv,
                             static_cast<int>(H), static_cast<int>(H), static_cast<int>(qk),
                             static_cast<int>(vd), c.softmax_scale(), k_row, v_row);
@@ -869,7 +890,7 @@ void DeepseekModel::attention(int layer, int64_t n, int64_t n_kv, MlaKvCache& kv
       return row;
     });
   } else {
-    attend_expanded(expanded_kv_b(layer), n, latent, n_kv);
+    attend_expanded(layer, n, latent, n_kv);
   }
 }
 
@@ -1147,7 +1168,7 @@ void DeepseekModel::attend_expanded_run(int layer, const PagedMlaSplit::Run& run
     float* v = s.v.ensure(n_kv * v_row);
     float* q = s.q_part.ensure(n_q * g * qk);
     float* o = s.tmp_out.ensure(n_q * g * vd);
-    expand_keys_values(expanded_kv_b(layer), h0, g, latent, c_all, n_kv, k, v);
+    expand_keys_values(layer, h0, g, latent, c_all, n_kv, k, v);
     backend_.copy_strided(q, s.q.get() + (run.first * H + h0) * qk,
                           {.n0 = n_q, .len = g * qk, .dst_stride0 = g * qk, .src_stride0 = H * qk});
     backend_.prompt_attention(q, k, v, o, n_q, positions, n_kv, static_cast<int>(g),

@@ -10,7 +10,7 @@
 // Two ways to attend, numerically the same:
 //   expanded (prefill): k_h = [W_UK_h c | kp], v_h = W_UV_h c for every cached
 //     position, then ordinary attention (a GGUF with only attn_k_b / attn_v_b gets
-//     its kv_b_proj rebuilt from them in F32 on first use);
+//     W_UK rebuilt from attn_k_b in F32 on first use; W_UV is attn_v_b's rows);
 //   absorbed (decode):  q'_h = [W_UK_hᵀ q_nope_h | q_pe_h] attends directly over the
 //     cached rows [c | kp] (one shared KV head of width r + rope), and the result's
 //     first r values go through W_UV_h. Nothing per head is ever cached.
@@ -191,8 +191,9 @@ class DeepseekModel {
     const TensorView* q_b = nullptr;        // [H * qk, q_lora]
     const TensorView* kv_a = nullptr;       // [r + rope, hidden]
     const TensorView* kv_a_norm = nullptr;  // [r]
-    const TensorView* kv_b = nullptr;       // [H * (nope + v), r]   (split-only GGUF: built
-                                            // on first use, expanded_kv_b)
+    const TensorView* kv_b = nullptr;       // [H * (nope + v), r]   (null: split-only GGUF)
+    const TensorView* uk = nullptr;         // split-only GGUF: [H * nope, r] built on first
+                                            // use (expanded_uk)
     std::vector<TensorView> w_uk_t;         // per head [r, nope]: maps q_nope to latent space
     std::vector<TensorView> w_uv;           // per head [v, r]
     const TensorView* o_proj = nullptr;     // [hidden, H * v]
@@ -331,11 +332,12 @@ class DeepseekModel {
   // Keys k [n_kv, g, qk] and values v [n_kv, g, v] of heads [h0, h0 + g) from cached
   // latent rows (c_all: their first kv_lora_rank values, contiguous); a position's keys
   // (values) expanded_row(g qk) (expanded_row(g v)) floats after the one before.
-  void expand_keys_values(const TensorView& kv_b, int64_t h0, int64_t g, const float* latent,
+  void expand_keys_values(int layer, int64_t h0, int64_t g, const float* latent,
                           const float* c_all, int64_t n_kv, float* k, float* v);
-  void attend_expanded(const TensorView& kv_b, int64_t n, const float* latent, int64_t n_kv);
-  // The layer's kv_b_proj, built from attn_k_b / attn_v_b when the file has only those.
-  const TensorView& expanded_kv_b(int layer);
+  void attend_expanded(int layer, int64_t n, const float* latent, int64_t n_kv);
+  // W_UK of every head [H * nope, r] in F32, built from attn_k_b when the file has only
+  // the split (its blocks run along nope, the transpose of what expanding needs).
+  const TensorView& expanded_uk(int layer);
   // Whether the routed experts get the backend's packed copies (decided once, by
   // bind_weights, into pack_experts_; logged).
   bool packs_routed_experts() const;

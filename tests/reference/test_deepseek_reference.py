@@ -635,38 +635,54 @@ def test_real_r1_tokenizer_and_chat_template(dserve_bin):
     assert text.rstrip("\n") == ref["native"]["greedy_text"]
 
 
-def _q8_0_fixture():
+def _q8_0_fixture(split):
     """The v3-noqlora checkpoint and transformers' outputs on its weights after a Q8_0
-    round trip (exactly the values the Q8_0 GGUF holds)."""
+    round trip (exactly the values the Q8_0 GGUF holds). split: kv_b_proj rounded as
+    the split GGUF stores it, attn_k_b [H, r, nope] in blocks along nope and attn_v_b
+    [H, v, r] along r."""
     gguf = pytest.importorskip("gguf")
     case = _case("v3-noqlora")
     src_dir, ref = _fixture(case)
+    c = json.loads((src_dir / "config.json").read_text())
+    H, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def round_trip(a, name="attn_b"):  # a as the GGUF stores it: rows of blocks or kept F32
+        if not _q8_0_eligible(name, a.shape):
+            return torch.from_numpy(a)
+        return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(a, q8), q8).copy())
 
     def build(tmp):
         t = safetensors_torch.load_file(src_dir / "model.safetensors")
         for name, x in t.items():
-            if _q8_0_eligible(name, tuple(x.shape)):
-                q = gguf.quants.quantize(x.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
-                t[name] = torch.from_numpy(
-                    gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).copy())
+            if split and "kv_b_proj" in name:
+                kv_b = x.float().view(H, nope + v, -1)
+                k_b_t = round_trip(kv_b[:, :nope].transpose(1, 2).contiguous().numpy())
+                v_b = round_trip(kv_b[:, nope:].contiguous().numpy())
+                t[name] = torch.cat([k_b_t.transpose(1, 2), v_b], dim=1).reshape(x.shape)
+            else:
+                t[name] = round_trip(x.float().numpy(), name)
         safetensors_torch.save_file(t, tmp / "model.safetensors", metadata={"format": "pt"})
         shutil.copy(src_dir / "config.json", tmp / "config.json")
         out = {"prompt": ref["prompt"], "native": _reference(_load(tmp), ref["prompt"])}
         (tmp / "reference.json").write_text(json.dumps(out))
-    return src_dir, _cached("tiny-deepseek-q8_0", _key(case, "q8_0"), build)[1]
+    key = _key(case, "q8_0", "split kv_b" if split else "kv_b")
+    return src_dir, _cached("tiny-deepseek-q8_0" + ("-split" if split else ""), key, build)[1]
 
 
-def test_gguf_deepseek2_q8_0(dserve_bin, tmp_path):
-    """A Q8_0 deepseek2 GGUF (quantised stacked experts, kv_b, q/kv/o projections,
-    embeddings) against transformers on the same dequantised weights. dserve's Q8_0
-    matmul also rounds activations to 8 bits per 32-block (alone worth ~0.005 nats on
-    this model's lm_head), and in a tiny random MoE such noise now and then flips a
-    routing choice, which moves that position by up to ~1 nat; so the bound is on the
-    typical position. A layout error (wrong expert, transposed block) costs nats
-    everywhere."""
-    src_dir, ref = _q8_0_fixture()
+@pytest.mark.parametrize("split", [False, True])
+def test_gguf_deepseek2_q8_0(split, dserve_bin, tmp_path):
+    """A Q8_0 deepseek2 GGUF (quantised stacked experts, kv_b or its attn_k_b / attn_v_b
+    split, q/kv/o projections, embeddings) against transformers on the same dequantised
+    weights. dserve's Q8_0 matmul also rounds activations to 8 bits per 32-block (alone
+    worth ~0.005 nats on this model's lm_head; the split's values expand from attn_v_b's
+    Q8_0 rows, so the latents are rounded too), and in a tiny random MoE such noise now
+    and then flips a routing choice, which moves that position by up to ~1 nat; so the
+    bound is on the typical position. A layout error (wrong expert, transposed block)
+    costs nats everywhere."""
+    src_dir, ref = _q8_0_fixture(split)
     path = tmp_path / "model.gguf"
-    _write_gguf(src_dir, path, split_kv_b=False, q8_0=True)
+    _write_gguf(src_dir, path, split_kv_b=split, q8_0=True)
     got = _dserve_logprobs(dserve_bin, path, ref["prompt"], tmp_path)
     diffs = sorted(abs(a - b) for a, b in zip(got, ref["native"]["logprobs"]))
     assert diffs[len(diffs) // 2] < 0.1, f"median |log-prob difference| {diffs[len(diffs) // 2]}"
