@@ -733,7 +733,6 @@ void DeepseekModel::expand_keys_values(int layer, int64_t h0, int64_t g, const f
   // Where k's nope part and v are in kvb: [position][head][...] strides.
   StridedCopy k_from{.n0 = n_kv, .n1 = g, .len = nope, .dst_stride0 = k_row, .dst_stride1 = qk};
   StridedCopy v_from{.n0 = n_kv, .n1 = g, .len = vd, .dst_stride0 = v_row, .dst_stride1 = vd};
-  const float* k_src = kvb;
   const float* v_src = kvb;
   if (w.kv_b != nullptr) {
     const int64_t kvb_row = nope + vd;
@@ -761,7 +760,7 @@ void DeepseekModel::expand_keys_values(int layer, int64_t h0, int64_t g, const f
   }
   // For each (position j, head h): k's nope part and v, k's rope part the position's
   // shared k_pe (a zero head stride repeats it over the heads).
-  backend_.copy_strided(k, k_src, k_from);
+  backend_.copy_strided(k, kvb, k_from);
   backend_.copy_strided(k + nope, latent + r, {.n0 = n_kv, .n1 = g, .len = rope,
                                                .dst_stride0 = k_row, .dst_stride1 = qk,
                                                .src_stride0 = row, .src_stride1 = 0});

@@ -647,7 +647,7 @@ def _q8_0_fixture(split):
     H, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
     q8 = gguf.GGMLQuantizationType.Q8_0
 
-    def round_trip(a, name="attn_b"):  # a as the GGUF stores it: rows of blocks or kept F32
+    def round_trip(a, name):  # a as the GGUF stores it under name: rows of blocks or F32
         if not _q8_0_eligible(name, a.shape):
             return torch.from_numpy(a)
         return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(a, q8), q8).copy())
@@ -657,8 +657,9 @@ def _q8_0_fixture(split):
         for name, x in t.items():
             if split and "kv_b_proj" in name:
                 kv_b = x.float().view(H, nope + v, -1)
-                k_b_t = round_trip(kv_b[:, :nope].transpose(1, 2).contiguous().numpy())
-                v_b = round_trip(kv_b[:, nope:].contiguous().numpy())
+                k_b_t = round_trip(kv_b[:, :nope].transpose(1, 2).contiguous().numpy(),
+                                   "attn_k_b.weight")
+                v_b = round_trip(kv_b[:, nope:].contiguous().numpy(), "attn_v_b.weight")
                 t[name] = torch.cat([k_b_t.transpose(1, 2), v_b], dim=1).reshape(x.shape)
             else:
                 t[name] = round_trip(x.float().numpy(), name)
