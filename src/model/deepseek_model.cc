@@ -13,6 +13,7 @@
 #include "model/fp8_weights.h"
 #include "tensor/dequantize.h"
 #include "tensor/half.h"
+#include "tensor/quantize.h"
 
 namespace dserve {
 namespace {
@@ -66,10 +67,10 @@ DeepseekModel::DeepseekModel(std::unique_ptr<ModelFiles> files, Backend& backend
 }
 
 void DeepseekModel::Scratch::bind(Backend& backend) {
-  for (DeviceArray<float>* a : {&x, &xb, &qa, &q, &kva, &att, &c_all, &kvb, &k, &v, &q_abs, &out_lat,
-                                &tmp_in, &tmp_out, &gate, &up, &moe_out, &expert_in, &expert_out,
-                                &router, &expert_weights, &rows, &mtp_prev, &mtp_cat, &att_parts,
-                                &q_part, &latent_rows}) {
+  for (DeviceArray<float>* a : {&x, &xb, &qa, &q, &kva, &att, &c_all, &kvb, &kb_lo, &k, &v, &q_abs,
+                                &out_lat, &tmp_in, &tmp_out, &gate, &up, &moe_out, &expert_in,
+                                &expert_out, &router, &expert_weights, &rows, &mtp_prev, &mtp_cat,
+                                &att_parts, &q_part, &latent_rows}) {
     a->bind(&backend);
   }
   for (DeviceArray<int32_t>* a : {&expert_ids, &mtp_rows, &mla.order_buf, &mla.rows_buf,
@@ -111,7 +112,6 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
       new DeepseekModel(std::move(files), backend, std::move(config)));
   model->max_context_ = max_context;
   model->path_ = path;
-  model->min_expanded_tokens_ = expanded_min_tokens(model->config_);
   if (comm == nullptr) {
     model->own_comm_ = dist::make_single_rank_communicator();
     comm = model->own_comm_.get();
@@ -142,6 +142,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Model
   }
   DS_RETURN_IF_ERROR(model->plan_shards());
   DS_RETURN_IF_ERROR(model->bind_weights());
+  model->min_expanded_tokens_ = expanded_min_tokens(model->config_, model->keys_expand_in_q8());
   for (const LayerWeights& w : model->layers_) {
     for (const Mlp& m : w.experts) model->n_experts_held_ += m.gate != nullptr ? 1 : 0;
   }
@@ -679,28 +680,57 @@ std::unique_ptr<MlaKvCache> DeepseekModel::new_kv_cache() const {
   return std::make_unique<MlaKvCache>(backend_, config_, max_context_);
 }
 
-// W_UK [H * nope, r] for the expanded form of a GGUF that stores only kv_b_proj's split:
-// attn_k_b holds W_UKᵀ per head, blocks along nope, the transpose of what expanding
-// needs, so it is rebuilt once, on the first expanded batch (serving attends absorbed
-// and never asks), in F32: the stored values, whatever their type, dequantise to F32
-// exactly, not to BF16 or F16. (attn_v_b's rows are W_UV as expanding reads them, so
-// the values expand from the file's own rows: expand_keys_values.) Costs this rank's
-// heads x nope x r x 4 bytes per layer (R1: 32 MiB).
-const TensorView& DeepseekModel::expanded_uk(int layer) {
+// W_UK for the expanded form of a GGUF that stores only kv_b_proj's split: attn_k_b
+// holds W_UKᵀ per head, blocks along nope, the transpose of what expanding needs, so it
+// is rebuilt once, on the first expanded batch. From a float attn_k_b in F32 (exactly
+// the stored values): [H * nope, r], this rank's heads x nope x r x 4 bytes per layer.
+// From a quantised one, per head as two Q8_0 terms along r (hi, and lo for what hi
+// leaves: within ~2^-15 of each block's largest value, where dequantising is exact and
+// one Q8_0 term would be within 2^-8), so that the keys expand through the int8
+// kernels as the values do (R1: 2 x 8.5 MiB per layer, plus the backend's copies).
+const TensorView* DeepseekModel::expanded_uk(int layer) {
   LayerWeights& w = layers_[layer];
-  if (w.uk != nullptr) return *w.uk;
+  if (w.uk != nullptr || !w.uk_terms.empty()) return w.uk;
   const DeepseekConfig& c = shard_;
   const int64_t H = c.n_heads, r = c.kv_lora_rank, nope = c.qk_nope_head_dim;
-  std::vector<uint8_t> bytes(static_cast<size_t>(H * nope * r) * sizeof(float));
-  float* out = reinterpret_cast<float*>(bytes.data());
-  for (int64_t h = 0; h < H; ++h) {
-    dequantize_transposed(w.w_uk_t[h], out + h * nope * r);  // W_UK [nope, r] from W_UKᵀ
+  if (!keys_expand_in_q8()) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(H * nope * r) * sizeof(float));
+    float* out = reinterpret_cast<float*>(bytes.data());
+    for (int64_t h = 0; h < H; ++h) {
+      dequantize_transposed(w.w_uk_t[h], out + h * nope * r);  // W_UK [nope, r] from W_UKᵀ
+    }
+    TensorView uk;
+    uk.dtype = DType::kF32;
+    uk.shape = {H * nope, r};
+    w.uk = own(std::move(uk), std::move(bytes));
+    return w.uk;
   }
-  TensorView uk;
-  uk.dtype = DType::kF32;
-  uk.shape = {H * nope, r};
-  w.uk = own(std::move(uk), std::move(bytes));
-  return *w.uk;
+  const size_t head_bytes = dtype_bytes(DType::kQ8_0, nope * r);
+  std::vector<uint8_t> bytes(2 * static_cast<size_t>(H) * head_bytes);
+  std::vector<float> uk(static_cast<size_t>(nope * r));
+  for (int64_t h = 0; h < H; ++h) {
+    dequantize_transposed(w.w_uk_t[h], uk.data());
+    for (int64_t d = 0; d < nope; ++d) {
+      const size_t row = static_cast<size_t>(d) * dtype_bytes(DType::kQ8_0, r);
+      quantize_row_q8_0_two_terms(uk.data() + d * r, r, bytes.data() + h * head_bytes + row,
+                                  bytes.data() + (H + h) * head_bytes + row);
+    }
+  }
+  TensorView all;
+  all.dtype = DType::kQ8_0;
+  all.shape = {2 * H * nope, r};
+  const TensorView* terms = own(std::move(all), std::move(bytes));
+  for (int64_t i = 0; i < 2 * H; ++i) {
+    w.uk_terms.push_back(row_slice(*terms, i * nope, nope));
+    backend_.prepare_matmul_weight(w.uk_terms.back());
+  }
+  return nullptr;
+}
+
+bool DeepseekModel::keys_expand_in_q8() const {
+  if (layers_.empty()) return false;
+  const LayerWeights& w = layers_.front();
+  return w.kv_b == nullptr && !w.w_uk_t.empty() && is_quantized(w.w_uk_t.front().dtype);
 }
 
 // Floats per position of expanded keys or values over `floats` (heads x dims), padded to
@@ -718,10 +748,11 @@ static int64_t expanded_row(int64_t floats) {
 //   v [n_kv, g, v] = c_all · W_UV_hᵀ
 // latent: the positions' cached rows (k_pe after the first r values); c_all: their
 // first r values, contiguous. With the checkpoint's kv_b_proj, one product gives both
-// (kvb [n_kv, g, nope + v]); a split GGUF's keys come from W_UK rebuilt in F32 and its
-// values from attn_v_b's own rows (their blocks run along r, so Q8_0's integer kernels,
-// the latents quantised as any activation is for them, as the absorbed form's W_UV
-// products are).
+// (kvb [n_kv, g, nope + v]); a split GGUF's values come from attn_v_b's own rows (their
+// blocks run along r, so a quantised file's go through the integer kernels, the
+// latents quantised as any activation is for them, as the absorbed form's W_UV
+// products are), its keys from W_UK rebuilt (expanded_uk): in F32, or as two Q8_0
+// terms per head whose products are added.
 void DeepseekModel::expand_keys_values(int layer, int64_t h0, int64_t g, const float* latent,
                                        const float* c_all, int64_t n_kv, float* k, float* v) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
@@ -742,18 +773,31 @@ void DeepseekModel::expand_keys_values(int layer, int64_t h0, int64_t g, const f
     k_from.src_stride1 = v_from.src_stride1 = kvb_row;
     v_src = kvb + nope;
   } else {
-    // kb [n_kv, g, nope]; vb [g, n_kv, v], one product per head's rows of attn_v_b
-    // (the backend's prepared copies), the latents quantised once for all of them.
-    const TensorView& uk = expanded_uk(layer);
+    // vb [g, n_kv, v], one product per head's rows of attn_v_b (the backend's prepared
+    // copies), the latents quantised once for all of them; keys kb [n_kv, g, nope] from
+    // the F32 W_UK, or [g, n_kv, nope] as the sum of the two terms' products.
+    const TensorView* uk = expanded_uk(layer);
     float* vb = kvb + n_kv * g * nope;
-    backend_.matmul(g == c.n_heads ? uk : row_slice(uk, h0 * nope, g * nope), nullptr, c_all,
-                    n_kv, kvb);
     std::vector<MatmulTarget>& targets = scratch_.head_targets;
     targets.resize(static_cast<size_t>(g));
     for (int64_t h = 0; h < g; ++h) targets[h] = {&w.w_uv[h0 + h], nullptr, vb + h * n_kv * vd};
-    backend_.matmul_many(c_all, n_kv, targets.data(), static_cast<int>(g));
-    k_from.src_stride0 = g * nope;
-    k_from.src_stride1 = nope;
+    float* kb_lo = nullptr;
+    if (uk != nullptr) {
+      backend_.matmul(g == c.n_heads ? *uk : row_slice(*uk, h0 * nope, g * nope), nullptr, c_all,
+                      n_kv, kvb);
+      k_from.src_stride0 = g * nope;
+      k_from.src_stride1 = nope;
+    } else {
+      kb_lo = scratch_.kb_lo.ensure(n_kv * g * nope);
+      for (int64_t h = 0; h < g; ++h) {
+        targets.push_back({&w.uk_terms[h0 + h], nullptr, kvb + h * n_kv * nope});
+        targets.push_back({&w.uk_terms[c.n_heads + h0 + h], nullptr, kb_lo + h * n_kv * nope});
+      }
+      k_from.src_stride0 = nope;
+      k_from.src_stride1 = n_kv * nope;
+    }
+    backend_.matmul_many(c_all, n_kv, targets.data(), static_cast<int>(targets.size()));
+    if (kb_lo != nullptr) backend_.add_inplace(kvb, kb_lo, n_kv * g * nope);
     v_from.src_stride0 = vd;
     v_from.src_stride1 = n_kv * vd;
     v_src = vb;
@@ -1026,7 +1070,9 @@ DeepseekConfig DeepseekModel::cache_config() const {
 // A paged step's split of its tokens between MLA's two forms. Per query and cached key
 // the absorbed form costs H (r + rope + r) MACs and the expanded H (qk + v), plus, once
 // per key and step, H (nope + v) r to expand the key: expanding pays once a sequence has
-// more than (nope + v) r / (2 r + rope - qk - v) queries in a step (R1: 171). Which form
+// more than (nope + v) r / (2 r + rope - qk - v) queries in a step (R1: 171; 64 where a
+// quantised GGUF's latents expand through the int8 kernels, each of their
+// multiply-accumulates counted as a quarter of a float one). Which form
 // a token takes must not depend on how the scheduler cut its prompt (a request's
 // output is the same alone and in any batch), so it is decided per token from its
 // position and its prompt's length: prompt tokens at least that many before the
@@ -1034,7 +1080,7 @@ DeepseekConfig DeepseekModel::cache_config() const {
 // A long prompt is then mostly expanded in every chunk, a short one, a prompt's last
 // tokens after a long cached prefix, and decode steps absorbed. DSERVE_MLA_PREFILL=
 // absorbed (never expand) or expanded (every prompt token) overrides the rule.
-int64_t DeepseekModel::expanded_min_tokens(const DeepseekConfig& c) {
+int64_t DeepseekModel::expanded_min_tokens(const DeepseekConfig& c, bool integer_expansion) {
   const char* env = std::getenv("DSERVE_MLA_PREFILL");
   const std::string mode = env != nullptr ? env : "";
   if (mode == "absorbed") return std::numeric_limits<int64_t>::max();
@@ -1042,7 +1088,11 @@ int64_t DeepseekModel::expanded_min_tokens(const DeepseekConfig& c) {
   const int64_t r = c.kv_lora_rank;
   const int64_t saved = 2 * r + c.qk_rope_head_dim - c.qk_head_dim() - c.v_head_dim;
   if (saved <= 0) return std::numeric_limits<int64_t>::max();
-  const int64_t expand = (c.qk_nope_head_dim + c.v_head_dim) * r;
+  // Through the int8 kernels the keys take two products (expanded_uk's two terms),
+  // each int8 multiply-accumulate a quarter of a float one (AVX-512 VNNI's and Arm's
+  // dot products: 4 per lane per instruction against one FMA).
+  const int64_t expand = integer_expansion ? (2 * c.qk_nope_head_dim + c.v_head_dim) * r / 4
+                                           : (c.qk_nope_head_dim + c.v_head_dim) * r;
   return std::max<int64_t>(1, (expand + saved - 1) / saved);
 }
 

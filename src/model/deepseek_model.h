@@ -192,8 +192,10 @@ class DeepseekModel {
     const TensorView* kv_a = nullptr;       // [r + rope, hidden]
     const TensorView* kv_a_norm = nullptr;  // [r]
     const TensorView* kv_b = nullptr;       // [H * (nope + v), r]   (null: split-only GGUF)
-    const TensorView* uk = nullptr;         // split-only GGUF: [H * nope, r] built on first
-                                            // use (expanded_uk)
+    const TensorView* uk = nullptr;         // split-only float GGUF: [H * nope, r] built on
+                                            // first use (expanded_uk)
+    std::vector<TensorView> uk_terms;       // split-only quantised GGUF: per head [nope, r]
+                                            // as two Q8_0 terms, h and H + h (expanded_uk)
     std::vector<TensorView> w_uk_t;         // per head [r, nope]: maps q_nope to latent space
     std::vector<TensorView> w_uv;           // per head [v, r]
     const TensorView* o_proj = nullptr;     // [hidden, H * v]
@@ -238,11 +240,12 @@ class DeepseekModel {
     DeviceArray<float> att;                    // [n, H * v]
     DeviceArray<float> c_all;                  // [n_kv, r]              expanded
     DeviceArray<float> kvb;                    // [n_kv, H * (nope + v)] expanded
+    DeviceArray<float> kb_lo;                  // [H, n_kv, nope] keys' second Q8_0 term
     DeviceArray<float> k, v;                   // [n_kv, H, qk], [n_kv, H, v] expanded
     DeviceArray<float> q_abs;                  // [n, H, r + rope]       absorbed
     DeviceArray<float> out_lat;                // [n, H, r + rope]       absorbed
     DeviceArray<float> tmp_in, tmp_out;        // [H, n, ...] per-head gathers
-    std::vector<MatmulTarget> head_targets;    // [H] absorbed MLA's per-head products
+    std::vector<MatmulTarget> head_targets;    // per-head products (absorbed MLA, expanding)
     std::vector<MatmulGroup> head_groups;      // [H]
     DeviceArray<float> gate, up;               // [rows, inter]
     DeviceArray<float> moe_out;                // [n, hidden]
@@ -337,7 +340,11 @@ class DeepseekModel {
   void attend_expanded(int layer, int64_t n, const float* latent, int64_t n_kv);
   // W_UK of every head [H * nope, r] in F32, built from attn_k_b when the file has only
   // the split (its blocks run along nope, the transpose of what expanding needs).
-  const TensorView& expanded_uk(int layer);
+  // W_UK for expanding the keys of a split GGUF: F32 [H * nope, r] where attn_k_b is a
+  // float type, else null with the layer's uk_terms made.
+  const TensorView* expanded_uk(int layer);
+  // Whether a split GGUF's keys expand through the Q8_0 kernels (attn_k_b quantised).
+  bool keys_expand_in_q8() const;
   // Whether the routed experts get the backend's packed copies (decided once, by
   // bind_weights, into pack_experts_; logged).
   bool packs_routed_experts() const;
@@ -350,8 +357,9 @@ class DeepseekModel {
   void attend_absorbed(const LayerWeights& w, int64_t n, const float* q, float* att,
                        LatentAttendFn&& attend_latent);
   // Prompt tokens at least this many before their prompt's end attend expanded in a
-  // paged step (see plan_paged_mla); DSERVE_MLA_PREFILL overrides.
-  static int64_t expanded_min_tokens(const DeepseekConfig& c);
+  // paged step (see plan_paged_mla); DSERVE_MLA_PREFILL overrides. integer_expansion:
+  // the latents expand through the int8 kernels (keys_expand_in_q8).
+  static int64_t expanded_min_tokens(const DeepseekConfig& c, bool integer_expansion);
   // Splits a paged step's tokens between the two forms into scratch_.mla.
   void plan_paged_mla(const ModelBatch& batch, const PagedBatch& pb);
   // One expanded run's attention -> out [run.n, H * v].
@@ -389,7 +397,7 @@ class DeepseekModel {
   size_t model_weight_bytes_ = 0, rank_weight_bytes_ = 0;
   int64_t max_context_ = 0;
   MlaPath path_ = MlaPath::kAuto;
-  int64_t min_expanded_tokens_ = 0;  // expanded_min_tokens(shard_), at load
+  int64_t min_expanded_tokens_ = 0;  // expanded_min_tokens, at load
   std::unique_ptr<RopeCache> rope_;
   std::unique_ptr<DeviceRopeTable> rope_table_;  // rope_'s table in backend memory
 

@@ -635,13 +635,19 @@ def test_real_r1_tokenizer_and_chat_template(dserve_bin):
     assert text.rstrip("\n") == ref["native"]["greedy_text"]
 
 
-def _q8_0_fixture(split):
-    """The v3-noqlora checkpoint and transformers' outputs on its weights after a Q8_0
-    round trip (exactly the values the Q8_0 GGUF holds). split: kv_b_proj rounded as
-    the split GGUF stores it, attn_k_b [H, r, nope] in blocks along nope and attn_v_b
-    [H, v, r] along r."""
+# v3-noqlora with heads of 32 nope dims, so that a Q8_0 GGUF quantises attn_k_b too
+# (rows of whole 32-blocks): MLA's expanded form then rebuilds W_UK along the latent as
+# Q8_0 (DeepseekModel::expanded_uk), as it does at R1's widths.
+Q8_0_KEYS_CASE = dict(_case("v3-noqlora"), name="v3-nope32", heads=4, kv_lora=64, nope=32,
+                      v=32)
+
+
+def _q8_0_fixture(split, case):
+    """A checkpoint and transformers' outputs on its weights after a Q8_0 round trip
+    (exactly the values the Q8_0 GGUF holds). split: kv_b_proj rounded as the split
+    GGUF stores it, attn_k_b [H, r, nope] in blocks along nope (where nope is whole
+    blocks) and attn_v_b [H, v, r] along r."""
     gguf = pytest.importorskip("gguf")
-    case = _case("v3-noqlora")
     src_dir, ref = _fixture(case)
     c = json.loads((src_dir / "config.json").read_text())
     H, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
@@ -671,8 +677,9 @@ def _q8_0_fixture(split):
     return src_dir, _cached("tiny-deepseek-q8_0" + ("-split" if split else ""), key, build)[1]
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_gguf_deepseek2_q8_0(split, dserve_bin, tmp_path):
+@pytest.mark.parametrize("split,case", [(False, "v3-noqlora"), (True, "v3-noqlora"),
+                                        (True, "v3-nope32")])
+def test_gguf_deepseek2_q8_0(split, case, dserve_bin, tmp_path):
     """A Q8_0 deepseek2 GGUF (quantised stacked experts, kv_b or its attn_k_b / attn_v_b
     split, q/kv/o projections, embeddings) against transformers on the same dequantised
     weights. dserve's Q8_0 matmul also rounds activations to 8 bits per 32-block (alone
@@ -680,8 +687,9 @@ def test_gguf_deepseek2_q8_0(split, dserve_bin, tmp_path):
     Q8_0 rows, so the latents are rounded too), and in a tiny random MoE such noise now
     and then flips a routing choice, which moves that position by up to ~1 nat; so the
     bound is on the typical position. A layout error (wrong expert, transposed block)
-    costs nats everywhere."""
-    src_dir, ref = _q8_0_fixture(split)
+    costs nats everywhere. v3-nope32's attn_k_b is Q8_0 too: the expanded form's keys
+    then come from W_UK rebuilt as two Q8_0 terms along the latent."""
+    src_dir, ref = _q8_0_fixture(split, Q8_0_KEYS_CASE if case == "v3-nope32" else _case(case))
     path = tmp_path / "model.gguf"
     _write_gguf(src_dir, path, split_kv_b=split, q8_0=True)
     got = _dserve_logprobs(dserve_bin, path, ref["prompt"], tmp_path)
