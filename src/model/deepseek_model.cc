@@ -1208,7 +1208,9 @@ void DeepseekModel::attend_expanded_run(int layer, const PagedMlaSplit::Run& run
   float* c_all = s.c_all.ensure(n_kv * r);
   backend_.copy_strided(c_all, latent, {.n0 = n_kv, .len = r, .dst_stride0 = r, .src_stride0 = row});
   constexpr int64_t kExpandedBytes = int64_t{256} << 20;
-  const int64_t per_head = n_kv * (nope + vd + qk + vd) * int64_t{sizeof(float)};
+  // kvb, then k and v; and the keys' second term where they expand in Q8_0 (kb_lo).
+  const int64_t keys_lo = keys_expand_in_q8() ? nope : 0;
+  const int64_t per_head = n_kv * (nope + vd + qk + vd + keys_lo) * int64_t{sizeof(float)};
   const int64_t group = std::clamp<int64_t>(kExpandedBytes / per_head, 1, H);
   for (int64_t h0 = 0; h0 < H; h0 += group) {
     const int64_t g = std::min(group, H - h0);

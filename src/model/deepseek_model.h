@@ -338,8 +338,6 @@ class DeepseekModel {
   void expand_keys_values(int layer, int64_t h0, int64_t g, const float* latent,
                           const float* c_all, int64_t n_kv, float* k, float* v);
   void attend_expanded(int layer, int64_t n, const float* latent, int64_t n_kv);
-  // W_UK of every head [H * nope, r] in F32, built from attn_k_b when the file has only
-  // the split (its blocks run along nope, the transpose of what expanding needs).
   // W_UK for expanding the keys of a split GGUF: F32 [H * nope, r] where attn_k_b is a
   // float type, else null with the layer's uk_terms made.
   const TensorView* expanded_uk(int layer);
