@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <string>
 
 #include "base/check.h"
@@ -983,7 +984,8 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, std::span<const i
   scratch_.batch.upload_sequence(tokens, positions);
   scratch_.batch.upload_rows(rows);
 
-  DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention(l, n, end, kv, absorbed); }));
+  DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention(l, n, end, kv, absorbed); },
+                                static_cast<int64_t>(rows.size())));
   kv.set_n_tokens(end);
   return compute_logits(static_cast<int64_t>(rows.size()), logits);
 }
@@ -1001,19 +1003,34 @@ void DeepseekModel::ensure_scratch(int64_t n) {
 }
 
 template <typename AttendFn>
-Status DeepseekModel::run_layers(int64_t n, AttendFn&& attend) {
+Status DeepseekModel::run_layers(int64_t n, AttendFn&& attend, int64_t n_out) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   ensure_scratch(n);
   // x [n, hidden] = embedding rows (over the vocabulary's ranks)
   DS_RETURN_IF_ERROR(vocab_.embed(*comm_, *embed_, scratch_.batch.tokens(), n, c.hidden_size,
                                   scratch_.x.get()));
-  for (int l = 0; l < c.n_layers; ++l) DS_RETURN_IF_ERROR(run_layer(l, n, attend));
-  last_forward_rows_ = n;
+  const int last = c.n_layers - 1;
+  for (int l = 0; l < last; ++l) DS_RETURN_IF_ERROR(run_layer(l, n, attend));
+  if (mtp_ != nullptr || n_out >= n) {  // forward_mtp may read any row's hidden state
+    DS_RETURN_IF_ERROR(run_layer(last, n, attend));
+    last_forward_rows_ = n;
+    return Status::Ok();
+  }
+  // Only the logits rows go on. With none (a prompt chunk before the prompt's end),
+  // one row still runs the FFN: an expert-parallel group's exchange needs every engine.
+  const int64_t n_keep = std::max<int64_t>(n_out, 1);
+  if (n_out == 0) scratch_.batch.upload_rows(std::vector<int32_t>{0});
+  DS_RETURN_IF_ERROR(run_layer(last, n, attend, scratch_.batch.rows(), n_keep));
+  std::vector<int32_t> kept(n_keep);
+  std::iota(kept.begin(), kept.end(), 0);
+  scratch_.batch.upload_rows(kept);
+  last_forward_rows_ = n_keep;
   return Status::Ok();
 }
 
 template <typename AttendFn>
-Status DeepseekModel::run_layer(int l, int64_t n, AttendFn&& attend) {
+Status DeepseekModel::run_layer(int l, int64_t n, AttendFn&& attend, const int32_t* keep,
+                                int64_t n_keep) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t hidden = c.hidden_size;
   Scratch& s = scratch_;
@@ -1027,6 +1044,12 @@ Status DeepseekModel::run_layer(int l, int64_t n, AttendFn&& attend) {
   backend_.matmul(*w.o_proj, nullptr, s.att.get(), n, xb);
   DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, xb, n * hidden));  // the ranks' heads' shares
   backend_.add_inplace(x, xb, n * hidden);
+  if (keep != nullptr) {  // x [n_keep, hidden] = x[keep]
+    backend_.gather_rows(x, hidden, keep, n_keep, xb);
+    backend_.copy_strided(x, xb, {.n0 = n_keep, .len = hidden, .dst_stride0 = hidden,
+                                  .src_stride0 = hidden});
+    n = n_keep;
+  }
 
   // --- FFN block: x += mlp(rms_norm(x)) (dense or MoE) ---
   backend_.rms_norm(x, *w.ffn_norm, c.rms_norm_eps, n, hidden, xb);
@@ -1239,8 +1262,9 @@ Status DeepseekModel::forward_batch(const ModelBatch& batch, PagedMlaCache& cach
   const int64_t n = batch.n_tokens();
   const PagedBatch pb = scratch_.batch.upload_paged(batch, host, slots);
   plan_paged_mla(batch, pb);
-  DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention_paged(l, n, pb, cache); }));
-  return compute_logits(static_cast<int64_t>(batch.logits_rows.size()), logits);
+  const int64_t n_out = static_cast<int64_t>(batch.logits_rows.size());
+  DS_RETURN_IF_ERROR(run_layers(n, [&](int l) { attention_paged(l, n, pb, cache); }, n_out));
+  return compute_logits(n_out, logits);
 }
 
 }  // namespace dserve

@@ -319,12 +319,18 @@ class DeepseekModel {
   // attention.
   void attention_paged(int layer, int64_t n, const PagedBatch& batch, PagedMlaCache& cache);
   // The layer stack shared by forward() and forward_batch() over the uploaded tokens;
-  // attend(layer) turns s.xb [n, hidden] into s.att [n, H * v].
+  // attend(layer) turns s.xb [n, hidden] into s.att [n, H * v]. n_out: how many
+  // logits rows (uploaded) the caller reads after it. Where that is fewer than n and
+  // nothing else reads the hidden states (no MTP layer), the last layer's FFN runs
+  // only on those rows (llama.cpp's output-row selection): s.x keeps them first, in
+  // order, and the uploaded rows become 0 .. n_out - 1.
   template <typename AttendFn>
-  Status run_layers(int64_t n, AttendFn&& attend);
-  // One decoder layer over s.x [n, hidden] in place.
+  Status run_layers(int64_t n, AttendFn&& attend, int64_t n_out);
+  // One decoder layer over s.x [n, hidden] in place; with `keep` (n_keep backend row
+  // indices), the FFN half runs on those rows only, which end up as s.x's first n_keep.
   template <typename AttendFn>
-  Status run_layer(int l, int64_t n, AttendFn&& attend);
+  Status run_layer(int l, int64_t n, AttendFn&& attend, const int32_t* keep = nullptr,
+                   int64_t n_keep = 0);
   // The activations of a pass over n tokens.
   void ensure_scratch(int64_t n);
   // logits [n_out, vocab] (host) from s.x at the uploaded rows (final norm, lm_head;

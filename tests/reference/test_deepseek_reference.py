@@ -197,7 +197,9 @@ def test_against_transformers(case, dserve_bin, tmp_path):
 
 def test_moe_counter_skips_idle_experts(dserve_bin):
     """Every routed (token, expert) slot is computed exactly once, and experts no token
-    chose are never run: in decode steps only top-k of the 16 experts per layer run."""
+    chose are never run: in decode steps only top-k of the 16 experts per layer run. The
+    last layer's FFN runs only on the rows whose logits are read: the prompt's last
+    token in the prefill."""
     case = _case("v3-noqlora")
     model_dir, ref = _fixture(case)
     _, stderr = _dserve_generate(dserve_bin, model_dir, ref["prompt"], log_level="info")
@@ -206,7 +208,9 @@ def test_moe_counter_skips_idle_experts(dserve_bin):
     slots, runs, rows, idle = map(int, m.groups())
     n_moe_layers = case["layers"] - MOE["first_k_dense_replace"]
     n_forward = 1 + (GEN_LEN - 1)  # prefill + decode steps
-    assert rows == slots == n_moe_layers * MOE["num_experts_per_tok"] * (PROMPT_LEN + GEN_LEN - 1)
+    last_is_moe = case["layers"] > MOE["first_k_dense_replace"]
+    rows_through_moe = n_moe_layers * (PROMPT_LEN + GEN_LEN - 1) - last_is_moe * (PROMPT_LEN - 1)
+    assert rows == slots == MOE["num_experts_per_tok"] * rows_through_moe
     assert runs + idle == n_moe_layers * MOE["n_routed_experts"] * n_forward
     # Decode steps: one token, so exactly top-k experts run per MoE layer.
     unchosen = MOE["n_routed_experts"] - MOE["num_experts_per_tok"]
