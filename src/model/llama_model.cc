@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "base/check.h"
@@ -297,7 +298,7 @@ Status LlamaModel::check_tokens(std::span<const int32_t> tokens) const {
 }
 
 template <typename AttendFn>
-Status LlamaModel::run_layers(int64_t n, AttendFn&& attend_layer) {
+Status LlamaModel::run_layers(int64_t n, AttendFn&& attend_layer, int64_t n_out) {
   // The per-rank shapes (heads, FFN width); equal to config_ on one rank.
   const ModelConfig& c = shard_;
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
@@ -337,6 +338,21 @@ Status LlamaModel::run_layers(int64_t n, AttendFn&& attend_layer) {
     backend_.matmul(*w.wo, w.bo, s.att.get(), n, s.xb.get());
     DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, s.xb.get(), n * hidden));
     backend_.add_inplace(s.x.get(), s.xb.get(), n * hidden);
+    if (l == c.n_layers - 1 && n_out < n) {
+      // Only the logits rows go on through the last MLP (llama.cpp's output-row
+      // selection): x[0, n_keep) = x[rows], and the rows become 0 .. n_keep - 1. With
+      // none (a prompt chunk before its prompt's end) one row still runs, so that
+      // every tensor-parallel rank takes part in the same all-reduces.
+      const int64_t n_keep = std::max<int64_t>(n_out, 1);
+      if (n_out == 0) s.batch.upload_rows(std::vector<int32_t>{0});
+      backend_.gather_rows(s.x.get(), hidden, s.batch.rows(), n_keep, s.xb.get());
+      backend_.copy_strided(s.x.get(), s.xb.get(), {.n0 = n_keep, .len = hidden,
+                                                    .dst_stride0 = hidden, .src_stride0 = hidden});
+      std::vector<int32_t> kept(n_keep);
+      std::iota(kept.begin(), kept.end(), 0);
+      s.batch.upload_rows(kept);
+      n = n_keep;
+    }
 
     // --- SwiGLU MLP block ---
     // xb[n, hidden] = rms_norm(x)
@@ -399,7 +415,7 @@ Status LlamaModel::forward(std::span<const int32_t> tokens, std::span<const int3
 
   DS_RETURN_IF_ERROR(run_layers(n, [&](int l, const float* q, const float* k, const float* v, float* out) {
     attend(l, q, k, v, n, in.positions(), end, kv, out);
-  }));
+  }, static_cast<int64_t>(rows.size())));
   kv.set_n_tokens(end);
   return compute_logits(static_cast<int64_t>(rows.size()), logits);
 }
@@ -415,7 +431,8 @@ Status LlamaModel::forward_batch(const ModelBatch& batch, PagedKvCache& cache,
   DS_RETURN_IF_ERROR(run_layers(batch.n_tokens(),
                                 [&](int l, const float* q, const float* k, const float* v, float* out) {
                                   attend_paged(l, q, k, v, pb, in.slots(), cache, out);
-                                }));
+                                },
+                                static_cast<int64_t>(batch.logits_rows.size())));
   return compute_logits(static_cast<int64_t>(batch.logits_rows.size()), logits);
 }
 

@@ -148,9 +148,12 @@ class LlamaModel {
 
   // The layer stack shared by forward() and forward_batch(): embeds the uploaded
   // tokens [n] (at the uploaded positions) into scratch_.x [n, hidden] and runs every
-  // layer, calling attend_layer(layer, q, k, v, out) for the attention.
+  // layer, calling attend_layer(layer, q, k, v, out) for the attention. n_out: how
+  // many logits rows (uploaded) the caller reads; where that is fewer than n, the last
+  // layer's MLP runs on those rows only, left first in scratch_.x with the uploaded
+  // rows renumbered 0 .. n_out - 1.
   template <typename AttendFn>
-  Status run_layers(int64_t n, AttendFn&& attend_layer);
+  Status run_layers(int64_t n, AttendFn&& attend_layer, int64_t n_out);
   // logits [n_out, vocab] (host) from scratch_.x at the uploaded rows (final norm,
   // lm_head).
   Status compute_logits(int64_t n_out, std::vector<float>* logits);
