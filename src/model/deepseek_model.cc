@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <string>
 
 #include "base/check.h"
@@ -1009,28 +1008,18 @@ Status DeepseekModel::run_layers(int64_t n, AttendFn&& attend, int64_t n_out) {
   // x [n, hidden] = embedding rows (over the vocabulary's ranks)
   DS_RETURN_IF_ERROR(vocab_.embed(*comm_, *embed_, scratch_.batch.tokens(), n, c.hidden_size,
                                   scratch_.x.get()));
-  const int last = c.n_layers - 1;
-  for (int l = 0; l < last; ++l) DS_RETURN_IF_ERROR(run_layer(l, n, attend));
-  if (mtp_ != nullptr || n_out >= n) {  // forward_mtp may read any row's hidden state
-    DS_RETURN_IF_ERROR(run_layer(last, n, attend));
-    last_forward_rows_ = n;
-    return Status::Ok();
+  // forward_mtp may read any row's hidden state: with the MTP layer every row goes on.
+  const bool select = mtp_ == nullptr && n_out < n;
+  const int64_t all = std::numeric_limits<int64_t>::max();
+  for (int l = 0; l < c.n_layers; ++l) {
+    DS_RETURN_IF_ERROR(run_layer(l, n, attend, select && l == c.n_layers - 1 ? n_out : all));
   }
-  // Only the logits rows go on. With none (a prompt chunk before the prompt's end),
-  // one row still runs the FFN: an expert-parallel group's exchange needs every engine.
-  const int64_t n_keep = std::max<int64_t>(n_out, 1);
-  if (n_out == 0) scratch_.batch.upload_rows(std::vector<int32_t>{0});
-  DS_RETURN_IF_ERROR(run_layer(last, n, attend, scratch_.batch.rows(), n_keep));
-  std::vector<int32_t> kept(n_keep);
-  std::iota(kept.begin(), kept.end(), 0);
-  scratch_.batch.upload_rows(kept);
-  last_forward_rows_ = n_keep;
+  last_forward_rows_ = select ? std::max<int64_t>(n_out, 1) : n;  // keep_logits_rows' count
   return Status::Ok();
 }
 
 template <typename AttendFn>
-Status DeepseekModel::run_layer(int l, int64_t n, AttendFn&& attend, const int32_t* keep,
-                                int64_t n_keep) {
+Status DeepseekModel::run_layer(int l, int64_t n, AttendFn&& attend, int64_t n_out) {
   const DeepseekConfig& c = shard_;  // this rank's heads and FFN widths
   const int64_t hidden = c.hidden_size;
   Scratch& s = scratch_;
@@ -1044,12 +1033,7 @@ Status DeepseekModel::run_layer(int l, int64_t n, AttendFn&& attend, const int32
   backend_.matmul(*w.o_proj, nullptr, s.att.get(), n, xb);
   DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, xb, n * hidden));  // the ranks' heads' shares
   backend_.add_inplace(x, xb, n * hidden);
-  if (keep != nullptr) {  // x [n_keep, hidden] = x[keep]
-    backend_.gather_rows(x, hidden, keep, n_keep, xb);
-    backend_.copy_strided(x, xb, {.n0 = n_keep, .len = hidden, .dst_stride0 = hidden,
-                                  .src_stride0 = hidden});
-    n = n_keep;
-  }
+  if (n_out < n) n = s.batch.keep_logits_rows(x, xb, hidden, n_out);  // only those go on
 
   // --- FFN block: x += mlp(rms_norm(x)) (dense or MoE) ---
   backend_.rms_norm(x, *w.ffn_norm, c.rms_norm_eps, n, hidden, xb);

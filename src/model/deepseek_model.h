@@ -64,6 +64,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -326,11 +327,11 @@ class DeepseekModel {
   // order, and the uploaded rows become 0 .. n_out - 1.
   template <typename AttendFn>
   Status run_layers(int64_t n, AttendFn&& attend, int64_t n_out);
-  // One decoder layer over s.x [n, hidden] in place; with `keep` (n_keep backend row
-  // indices), the FFN half runs on those rows only, which end up as s.x's first n_keep.
+  // One decoder layer over s.x [n, hidden] in place; with n_out < n, its FFN half runs
+  // on the n_out uploaded logits rows only (DeviceBatch::keep_logits_rows).
   template <typename AttendFn>
-  Status run_layer(int l, int64_t n, AttendFn&& attend, const int32_t* keep = nullptr,
-                   int64_t n_keep = 0);
+  Status run_layer(int l, int64_t n, AttendFn&& attend,
+                   int64_t n_out = std::numeric_limits<int64_t>::max());
   // The activations of a pass over n tokens.
   void ensure_scratch(int64_t n);
   // logits [n_out, vocab] (host) from s.x at the uploaded rows (final norm, lm_head;

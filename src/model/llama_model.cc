@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <string>
 
 #include "base/check.h"
@@ -338,20 +337,8 @@ Status LlamaModel::run_layers(int64_t n, AttendFn&& attend_layer, int64_t n_out)
     backend_.matmul(*w.wo, w.bo, s.att.get(), n, s.xb.get());
     DS_RETURN_IF_ERROR(backend_.all_reduce_sum(*comm_, s.xb.get(), n * hidden));
     backend_.add_inplace(s.x.get(), s.xb.get(), n * hidden);
-    if (l == c.n_layers - 1 && n_out < n) {
-      // Only the logits rows go on through the last MLP (llama.cpp's output-row
-      // selection): x[0, n_keep) = x[rows], and the rows become 0 .. n_keep - 1. With
-      // none (a prompt chunk before its prompt's end) one row still runs, so that
-      // every tensor-parallel rank takes part in the same all-reduces.
-      const int64_t n_keep = std::max<int64_t>(n_out, 1);
-      if (n_out == 0) s.batch.upload_rows(std::vector<int32_t>{0});
-      backend_.gather_rows(s.x.get(), hidden, s.batch.rows(), n_keep, s.xb.get());
-      backend_.copy_strided(s.x.get(), s.xb.get(), {.n0 = n_keep, .len = hidden,
-                                                    .dst_stride0 = hidden, .src_stride0 = hidden});
-      std::vector<int32_t> kept(n_keep);
-      std::iota(kept.begin(), kept.end(), 0);
-      s.batch.upload_rows(kept);
-      n = n_keep;
+    if (l == c.n_layers - 1 && n_out < n) {  // only the logits rows go on
+      n = s.batch.keep_logits_rows(s.x.get(), s.xb.get(), hidden, n_out);
     }
 
     // --- SwiGLU MLP block ---

@@ -1,5 +1,7 @@
 #include "model/model_batch.h"
 
+#include <algorithm>
+#include <numeric>
 #include <string>
 
 namespace dserve {
@@ -90,6 +92,18 @@ void DeviceBatch::upload_sequence(std::span<const int32_t> tokens,
 
 void DeviceBatch::upload_rows(std::span<const int32_t> rows) {
   rows_.upload(rows.data(), static_cast<int64_t>(rows.size()));
+}
+
+int64_t DeviceBatch::keep_logits_rows(float* x, float* tmp, int64_t hidden, int64_t n_out) {
+  const int64_t n_keep = std::max<int64_t>(n_out, 1);
+  if (n_out == 0) upload_rows(std::vector<int32_t>{0});
+  backend_->gather_rows(x, hidden, rows_.get(), n_keep, tmp);
+  backend_->copy_strided(x, tmp, {.n0 = n_keep, .len = hidden, .dst_stride0 = hidden,
+                                  .src_stride0 = hidden});
+  std::vector<int32_t> kept(n_keep);
+  std::iota(kept.begin(), kept.end(), 0);
+  upload_rows(kept);
+  return n_keep;
 }
 
 }  // namespace dserve

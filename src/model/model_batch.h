@@ -60,6 +60,13 @@ class DeviceBatch {
   void upload_sequence(std::span<const int32_t> tokens, std::span<const int32_t> positions);
   // The rows whose logits the step returns.
   void upload_rows(std::span<const int32_t> rows);
+  // The last layer's output-row selection (llama.cpp's): before that layer's FFN, x
+  // [n, hidden] keeps only the n_out uploaded logits rows, as its first rows in their
+  // order (tmp: [n_out, hidden] scratch), and the uploaded rows become 0 .. n_out - 1.
+  // With none (a prompt chunk before its prompt's end) row 0 is kept, so that every
+  // tensor- and expert-parallel rank still joins the FFN's exchanges. Returns the rows
+  // kept.
+  int64_t keep_logits_rows(float* x, float* tmp, int64_t hidden, int64_t n_out);
 
   const int32_t* tokens() const { return tokens_.get(); }
   const int32_t* positions() const { return positions_.get(); }
