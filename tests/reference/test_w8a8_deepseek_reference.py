@@ -19,7 +19,7 @@ as in vLLM: MLA's kv_b_proj is dequantised once at load and multiplied in float 
 weight is split and absorbed into the query and output paths, vLLM's MLA does the
 same), so its input is not quantised. dserve runs the expanded (one batch) and the
 weight-absorbed (token by token) forms of MLA; both must agree with the reference
-within 1e-3 and stay within the quantisation's expected error of the float model.
+within 1e-3, and so be as far from the float model as the format itself is.
 """
 import contextlib
 import json
@@ -139,16 +139,15 @@ def dserve_logprobs(dserve_bin, model_dir, ids, tmp_path, *extra):
     return [r["logprob"] for r in rows]
 
 
-def assert_near_float_model(got, float_dir, ids):
-    """Within the quantisation's error of the float model, and really quantised."""
+def assert_formats_error(got, want, float_dir, ids):
+    """Really quantised: the format's own error (the reference `want` against the float
+    model) is far above the agreement tolerance, and dserve's distance from the float
+    model is that error. Its size depends on llmcompressor's calibration and, in these
+    tiny random MoE models, on int8 noise moving a router's choice; not dserve's to bound."""
     unquantised = w8a8._logprobs(_load_linearised(float_dir), ids)
-    diffs = [abs(a - b) for a, b in zip(got, unquantised)]
-    mean = sum(diffs) / len(diffs)
-    # Looser than the dense models' (0.5, 0.08): int8 noise that moves a token's router
-    # scores past another expert's changes which experts run, and that token's
-    # log-prob by up to ~1 in these tiny random MoE models.
-    assert max(diffs) < 2.0 and mean < 0.25, (max(diffs), mean)
-    assert mean > 1e-3
+    format_error = w8a8.mean_distance(want, unquantised)
+    assert format_error > 1e-2, format_error
+    assert abs(w8a8.mean_distance(got, unquantised) - format_error) < 1e-3
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -171,6 +170,6 @@ def test_against_torch_reference(name, dserve_bin, tmp_path):
     absorbed = dserve_logprobs(dserve_bin, w8a8_dir, ids, tmp_path, "--batch", 1,
                                "--quantization", "compressed-tensors")
     # Within 1e-3 everywhere, up to activations on a rounding tie (w8a8.Rounding).
-    w8a8.assert_agrees_up_to_ties(expanded, reference, "expanded MLA")
+    flips = w8a8.assert_agrees_up_to_ties(expanded, reference, "expanded MLA")
     w8a8.assert_agrees_up_to_ties(absorbed, reference, "absorbed MLA")
-    assert_near_float_model(expanded, float_dir, ids)
+    assert_formats_error(expanded, reference(flips)[0], float_dir, ids)

@@ -14,8 +14,8 @@ d = max|x| / 127 and q = round-half-even(x * (1 / d)) (vLLM's CPU path), or with
 static input_scale; the product is the int8 x int8 dot times both scales. dserve's
 per-position log-probabilities must agree within 1e-3 at every position once the
 activations that sit on a rounding tie and that dserve rounded the other way are
-rounded that way in the reference too (Rounding, assert_agrees_up_to_ties), and stay within the quantisation's
-expected error of the unquantised model.
+rounded that way in the reference too (Rounding, assert_agrees_up_to_ties), and their
+distance from the unquantised model must be the format's own (the reference's).
 
 One difference from vLLM, on both sides: static activations clamp to [-127, 127]
 rather than [-128, 127] (kernels.h, quantize_q8_token); it matters only past the
@@ -307,24 +307,31 @@ def test_against_torch_reference(case, dserve_bin, tmp_path):
 
     prompt = _prompt(case)
     reference = reference_with_ties(_reference_model(case, w8a8_dir), prompt)
-    runs = {}
+    runs, flips = {}, {}
     for extra in ([], ["--quantization", "compressed-tensors"], ["--isa", "scalar"]):
         got = _dserve_logprobs(dserve_bin, w8a8_dir, prompt, tmp_path, *extra)
         runs[" ".join(extra)] = got
         # Within 1e-3 everywhere, up to activations on a rounding tie (Rounding).
-        assert_agrees_up_to_ties(got, reference, " ".join(extra) or "default")
+        flips[" ".join(extra)] = assert_agrees_up_to_ties(got, reference,
+                                                          " ".join(extra) or "default")
     # Every instruction-set level gives the same int8 products (kernels.h).
     assert max(abs(a - b) for a, b in zip(runs[""], runs["--isa scalar"])) < 1e-5
 
-    # Within the quantisation's error of the float model (int8 weights and activations
-    # of a random tiny model with large weights: a few hundredths on average), and
-    # really quantised.
+    # Really quantised: the format's own error (the reference against the float model)
+    # is far above the agreement tolerance, and dserve's distance from the float model
+    # is that error. How large the error is depends on llmcompressor's calibration,
+    # which varies with the machine that builds the fixture; it is not dserve's to bound.
     model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
     unquantised = _logprobs(model.eval(), prompt)
-    diffs = [abs(a - b) for a, b in zip(runs[""], unquantised)]
-    mean = sum(diffs) / len(diffs)
-    assert max(diffs) < 0.5 and mean < 0.08, (max(diffs), mean)
-    assert mean > 1e-3
+    want, _ = reference(flips[""])
+    format_error = mean_distance(want, unquantised)
+    assert format_error > 1e-2, format_error
+    assert abs(mean_distance(runs[""], unquantised) - format_error) < 1e-3
+
+
+def mean_distance(a, b):
+    """Mean absolute difference of two log-prob lists."""
+    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
 
 
 # ---- bad input: one clear error naming the tensor ----
