@@ -10,6 +10,11 @@ token, computed through the paged cache of the chosen dtype.
   text against transformers' log-softmax (test_smollm2_reference.py's fixture): the
   perplexity within the stated fractions of transformers', fp8's mean per-position
   error under twice float16's.
+- A tiny DeepSeek-V3 with 32 heads, which on a CPU with AVX512-BF16 takes the BF16
+  products of MLA's absorbed attention over FP8 latents (two query tiles of 16 heads
+  share each step's converted latents; the other tiny models have at most 8 heads):
+  within fp8's tolerance of transformers, and the BF16 products' own change a small
+  part of the FP8 cache's error.
 The engine's batch invariance with fp8 is in test_engine.py; the kernels' bits against
 the float32 pool on FP8 values in tests/backend_ops/paged_attention_test.cc.
 """
@@ -60,6 +65,37 @@ def test_tiny_deepseek_v3_latents(dtype, form, dserve_bin, tmp_path):
     assert mean < TINY_TOLERANCE[dtype], mean
     if dtype == "float32":
         assert worst < 1e-3, worst
+
+
+# 32 heads (two query tiles): the tiny v3 of test_deepseek_reference.py otherwise.
+MANY_HEADS = dict(name="v3-32-heads", arch="v3", seed=15, hidden=256, layers=2, heads=32,
+                  ffn=256, moe_ffn=32, q_lora=96, kv_lora=64, nope=16, rope_dim=16, v=16,
+                  shared=1, rope=None,
+                  extra=dict(norm_topk_prob=True, routed_scaling_factor=2.5))
+
+
+def _cpu_has_bf16():
+    with open("/proc/cpuinfo") as f:
+        return "avx512_bf16" in f.read()
+
+
+def test_fp8_latents_with_bf16_products(dserve_bin, tmp_path):
+    """Absorbed MLA over FP8 latents, BF16 products (where the CPU has them) against the
+    exact float step (DSERVE_MLA_BF16=0) and transformers."""
+    from test_deepseek_reference import _fixture
+    model_dir, ref = _fixture(MANY_HEADS)
+    prompt, want = ref["prompt"], ref["native"]["logprobs"]
+    runs = {}
+    for bf16 in ("1", "0"):
+        runs[bf16] = _prompt_logprobs(dserve_bin, model_dir, prompt, "fp8", tmp_path,
+                                      env={"DSERVE_MLA_PREFILL": "absorbed",
+                                           "DSERVE_MLA_BF16": bf16})
+    fp8_error = sum(abs(a - b) for a, b in zip(runs["0"], want)) / len(want)
+    bf16_change = sum(abs(a - b) for a, b in zip(runs["1"], runs["0"])) / len(want)
+    print(f"fp8 mean error {fp8_error:.4f}, BF16 products' mean change {bf16_change:.5f}")
+    assert fp8_error < TINY_TOLERANCE["fp8"], fp8_error
+    assert bf16_change < 0.1 * fp8_error, (bf16_change, fp8_error)
+    assert (bf16_change > 0) == _cpu_has_bf16()  # the BF16 step ran where it exists
 
 
 def test_default_model_perplexity(dserve_bin, default_model, reference, tmp_path):  # noqa: F811

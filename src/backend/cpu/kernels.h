@@ -238,6 +238,7 @@ struct KvF8 {
 
 struct AttnStepArgs {
   const float* const* q;     // [n_q] pointers to query rows [head_dim]
+  const uint16_t* const* q_bf16;  // attn_step_bf16 only: the same rows in BF16, padded
   const int64_t* n_visible;  // [n_q]
   int n_q;
   const void* k;  // n_keys rows [head_dim], k_stride elements apart
@@ -317,6 +318,15 @@ struct KernelTable {
   void (*attn_step_f32)(const AttnStepArgs& a);  // see AttnStepArgs; float K/V
   void (*attn_step_f16)(const AttnStepArgs& a);  // the same over IEEE-half K/V
   void (*attn_step_f8)(const AttnStepArgs& a);   // the same over float8_e4m3fn K/V
+  // AVX512-BF16 only (null elsewhere): MLA's absorbed attention over FP8 latents with
+  // BF16 products (kernels_avx512_bf16.cc: its layouts and why FP8 only). The step
+  // reads q_bf16, keys and values as attn_rows_to_bf16 writes them.
+  void (*attn_step_bf16)(const AttnStepArgs& a);
+  void (*attn_rows_to_bf16)(const float* rows, int64_t n_keys, int head_dim, int v_dim,
+                            uint16_t* k, int64_t k_stride, uint32_t* v_pairs,
+                            int64_t v_stride);
+  // x[n] -> out[n_pad] in BF16 (nearest even), zeros past n; n_pad a multiple of 32.
+  void (*f32_to_bf16_padded)(const float* x, int n, int n_pad, uint16_t* out);
   // See AttnPromptArgs; null where the level has none (prompt_attention then runs
   // attention's kernel). attn_prompt_queries: the most queries per call.
   void (*attn_prompt_f32)(const AttnPromptArgs& a);
@@ -333,6 +343,8 @@ const KernelTable& kernels_scalar();
 #if defined(DSERVE_CPU_X86)
 const KernelTable& kernels_avx2();
 const KernelTable& kernels_avx512();
+// Adds the AVX512-BF16 kernels to an avx512 table (only where the CPU has them).
+void add_avx512_bf16(KernelTable& t);
 #endif
 #if defined(DSERVE_CPU_ARM)
 const KernelTable& kernels_neon();

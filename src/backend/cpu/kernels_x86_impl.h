@@ -1079,7 +1079,7 @@ struct PromptVecX86 : VecF {
 
 #include "backend/cpu/attn_prompt_impl.h"
 
-KernelTable make_x86_table(CpuIsa isa) {
+[[maybe_unused]] KernelTable make_x86_table(CpuIsa isa) {
   KernelTable t{};
   t.isa = isa;
   t.quantize_q8x32 = quantize_q8x32_x86;

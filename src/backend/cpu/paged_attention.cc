@@ -17,7 +17,10 @@
 // group; a group of several tiles converts a step's F16 / F8 rows to floats once and
 // runs the float step on them (the same bits: the converting steps convert exactly).
 // paged_latent_attention is the same over MLA's latent pool, the values only the
-// first v_dim of each row.
+// first v_dim of each row. Over an FP8 latent pool on a CPU with AVX512-BF16 a group's
+// steps convert their rows once more, to BF16 layouts, and run attn_step_bf16 (BF16
+// products, twice the multiply-adds per instruction; kernels_avx512_bf16.cc says what
+// rounds and why only FP8): the one exception to "the same bits as an F32 pool".
 //
 // Batch invariance: a token's output is bit-for-bit the same whatever else is in the
 // batch and however many threads run it (the engine relies on this: a request gives
@@ -210,6 +213,7 @@ struct CpuBackend::PagedAttentionCall {
   const PagedBatch& batch;
   void (*attn_step)(const AttnStepArgs&);  // the kernel for the KV dtype
   void (*to_f32_row)(const char* x, float* out, int64_t n, const KernelTable& k);  // or null
+  void (*attn_step_bf16)(const AttnStepArgs&);  // FP8 pools, where the CPU has it; or null
   int64_t elem;                            // bytes of a KV element
   int n_heads, n_kv_heads, group, head_dim, v_dim;
   float scale;
@@ -238,11 +242,24 @@ struct CpuBackend::PagedAttentionCall {
   bool values_in_keys() const {
     return k_pool == v_pool && k_stride == v_stride && n_kv_heads == 1 && v_dim <= head_dim;
   }
+  // MLA over FP8 latents with BF16 products (kernels_avx512_bf16.cc): a group's steps
+  // convert their rows to floats and then to the BF16 layouts, queries once per split.
+  bool bf16() const { return attn_step_bf16 != nullptr && converts() && values_in_keys(); }
+  int64_t k_bf16_stride() const { return (head_dim + 31) / 32 * 32; }  // elements
+  int64_t v_bf16_stride() const { return (v_dim + 15) / 16 * 16; }     // 32-bit words
   // Floats of per-thread scratch: the scores of one step and, when converting, the
-  // step's rows.
+  // step's rows (and their BF16 forms with the group's BF16 queries).
   int64_t scratch_floats() const {
     if (!converts()) return kScoreFloats;
-    return kScoreFloats + kKeyStep * (head_dim + (values_in_keys() ? 0 : v_dim));
+    const int64_t rows = kKeyStep * (head_dim + (values_in_keys() ? 0 : v_dim));
+    if (!bf16()) return kScoreFloats + rows;
+    return kScoreFloats + rows + bf16_floats();
+  }
+  // The BF16 part: keys [kKeyStep, k_bf16_stride] and queries [tiles_per_group x
+  // kMaxQueries, k_bf16_stride] as halves, value pairs [kKeyStep / 2, v_bf16_stride].
+  int64_t bf16_floats() const {
+    return (kKeyStep + tiles_per_group() * kMaxQueries) * k_bf16_stride() / 2 +
+           kKeyStep / 2 * v_bf16_stride();
   }
 
   void run_group_split(int64_t g, int64_t split, float* states, int64_t state_stride,
@@ -297,6 +314,22 @@ void CpuBackend::PagedAttentionCall::run_group_split(int64_t g, int64_t split, f
   float* k_rows = scratch + kScoreFloats;  // converted rows [kKeyStep, head_dim]
   float* v_rows = values_in_keys() ? k_rows : k_rows + kKeyStep * head_dim;
   const bool convert = converts();
+  const bool use_bf16 = bf16();
+  // BF16 scratch after the float rows: value pairs, keys, then the group's queries.
+  uint32_t* v_bf16 = reinterpret_cast<uint32_t*>(k_rows + kKeyStep * head_dim);
+  uint16_t* k_bf16 = reinterpret_cast<uint16_t*>(v_bf16 + kKeyStep / 2 * v_bf16_stride());
+  uint16_t* q_bf16 = k_bf16 + kKeyStep * k_bf16_stride();
+  if (use_bf16) {
+    for (int64_t ti = 0; ti < n_group_tiles; ++ti) {
+      const Tile& tile = gt[ti];
+      for (int i = 0; i < tile.n_tokens * tile.n_heads; ++i) {
+        const int64_t t = tile.t0 + i / tile.n_heads;
+        kernels.f32_to_bf16_padded(q + (t * n_heads + tile.h0 + i % tile.n_heads) * head_dim,
+                                   head_dim, static_cast<int>(k_bf16_stride()),
+                                   q_bf16 + (ti * kMaxQueries + i) * k_bf16_stride());
+      }
+    }
+  }
 
   // Steps end at block boundaries, every kKeyStep keys inside a block, and at `end`
   // (which cuts only the last step of the tile's last query; the kernel cuts the
@@ -311,6 +344,7 @@ void CpuBackend::PagedAttentionCall::run_group_split(int64_t g, int64_t split, f
   const char* k_head = k_pool + int64_t{kvh} * head_dim * elem;
   const char* v_head = v_pool + int64_t{kvh} * v_dim * elem;
   const float* q_rows[kMaxQueries];  // query i: token t0 + i / n_heads, head h0 + i % n_heads
+  const uint16_t* q_bf16_rows[kMaxQueries];  // the same in BF16 (use_bf16)
   int64_t n_visible[kMaxQueries];    // keys of the current step query i sees
   int64_t slot = 0;
   int64_t n_keys = step_at(begin, &slot);
@@ -328,6 +362,7 @@ void CpuBackend::PagedAttentionCall::run_group_split(int64_t g, int64_t split, f
     }
     AttnStepArgs args{};
     args.q = q_rows;
+    args.q_bf16 = q_bf16_rows;
     args.n_visible = n_visible;
     args.n_keys = n_keys;
     args.head_dim = head_dim;
@@ -349,6 +384,15 @@ void CpuBackend::PagedAttentionCall::run_group_split(int64_t g, int64_t split, f
       args.v = v_rows;
       args.k_stride = head_dim;
       args.v_stride = values_in_keys() ? head_dim : v_dim;
+      if (use_bf16) {
+        kernels.attn_rows_to_bf16(k_rows, n_keys, head_dim, v_dim, k_bf16, k_bf16_stride(),
+                                  v_bf16, v_bf16_stride());
+        step = attn_step_bf16;
+        args.k = k_bf16;
+        args.v = v_bf16;
+        args.k_stride = k_bf16_stride();
+        args.v_stride = v_bf16_stride();
+      }
     } else {
       args.k = k_src;
       args.v = v_src;
@@ -361,6 +405,7 @@ void CpuBackend::PagedAttentionCall::run_group_split(int64_t g, int64_t split, f
       for (int i = 0; i < n_q; ++i) {
         const int64_t t = tile.t0 + i / tile.n_heads;
         q_rows[i] = q + (t * n_heads + tile.h0 + i % tile.n_heads) * head_dim;
+        q_bf16_rows[i] = q_bf16 + (ti * kMaxQueries + i) * k_bf16_stride();
         n_visible[i] = int64_t{batch.positions[t]} + 1 - p0;
       }
       const SoftmaxState st = SoftmaxState::at(states + ti * state_stride, v_dim);
@@ -437,6 +482,7 @@ void CpuBackend::run_paged_attention(const float* q, DType kv_dtype, const void*
       .to_f32_row = kv_dtype == DType::kF16       ? f16_rows
                     : kv_dtype == DType::kF8_E4M3 ? f8_rows
                                                   : nullptr,
+      .attn_step_bf16 = kv_dtype == DType::kF8_E4M3 ? kernels_.attn_step_bf16 : nullptr,
       .elem = kv_elem_bytes(kv_dtype),
       .n_heads = n_heads,
       .n_kv_heads = n_kv_heads,
