@@ -44,17 +44,30 @@ void pin_to_cpu(int cpu) {
 
 }  // namespace
 
-int ThreadPool::default_thread_count() {
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
+std::vector<int> ThreadPool::allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (int c = 0; c < std::max(n, 1L); ++c) cpus.push_back(c);
+  }
+  return cpus;
 }
+
+int ThreadPool::default_thread_count() { return static_cast<int>(allowed_cpus().size()); }
 
 ThreadPool::ThreadPool(int n_threads, bool pin)
     : n_threads_(n_threads > 0 ? n_threads : default_thread_count()) {
-  if (pin) pin_to_cpu(0);
+  if (pin) pin_cpus_ = allowed_cpus();
   for (int t = 1; t < n_threads_; ++t) {
-    workers_.emplace_back([this, t, pin] {
-      if (pin) pin_to_cpu(t);
+    workers_.emplace_back([this, t] {
+      if (!pin_cpus_.empty()) pin_to_cpu(pin_cpus_[t % pin_cpus_.size()]);
       worker_main(t);
     });
   }
@@ -108,6 +121,10 @@ void ThreadPool::worker_main(int thread) {
 
 void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t, int)>& fn) {
   if (n_tasks <= 0) return;
+  if (!pin_cpus_.empty() && std::this_thread::get_id() != pinned_caller_) {
+    pin_to_cpu(pin_cpus_[0]);
+    pinned_caller_ = std::this_thread::get_id();
+  }
   if (n_threads_ == 1 || n_tasks == 1) {
     for (int64_t i = 0; i < n_tasks; ++i) fn(i, 0);
     return;

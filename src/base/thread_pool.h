@@ -21,7 +21,10 @@ namespace dserve {
 
 class ThreadPool {
  public:
-  // n_threads <= 0 means one per online CPU. pin: bind worker i to CPU i.
+  // n_threads <= 0 means default_thread_count(). pin: bind worker i to the i-th CPU
+  // this process may run on (wrapping around past the last); worker 0 is whichever
+  // thread calls run(), pinned when it first does (the engine thread in a server,
+  // not the thread that built the pool).
   explicit ThreadPool(int n_threads, bool pin = false);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -39,7 +42,11 @@ class ThreadPool {
   void parallel_for(int64_t n, int64_t grain,
                     const std::function<void(int64_t begin, int64_t end, int thread)>& fn);
 
+  // One per CPU this process may run on: its affinity mask (taskset, a container's
+  // cpuset), not every online CPU.
   static int default_thread_count();
+  // Those CPUs, ascending (all online CPUs where the mask cannot be read).
+  static std::vector<int> allowed_cpus();
 
  private:
   void worker_main(int thread);
@@ -47,6 +54,8 @@ class ThreadPool {
   int64_t work(int thread);
 
   int n_threads_;
+  std::vector<int> pin_cpus_;  // empty: not pinned
+  std::thread::id pinned_caller_;  // the last thread run() pinned as worker 0
   std::vector<std::thread> workers_;
 
   // The current job. `claim_` packs (generation, next task, task count) into one

@@ -22,9 +22,9 @@ void add_common_options(CLI::App* cmd, CommonOptions* o) {
   cmd->add_option("--model", o->model,
                   "model: a .gguf file or a Hugging Face directory (default: $DSERVE_MODEL, else "
                   "$DSERVE_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf)");
-  cmd->add_option("--threads", o->n_threads, "worker threads (default: all cores)")
+  cmd->add_option("--threads", o->n_threads, "worker threads (default: one per CPU this process may run on)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--pin-threads", o->pin_threads, "pin worker i to CPU i");
+  cmd->add_flag("--pin-threads", o->pin_threads, "pin worker i to the i-th CPU this process may run on");
   cmd->add_option("--log-level", o->log_level, "debug, info, warning or error")
       ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error"}));
   cmd->add_option("--isa", o->isa,
