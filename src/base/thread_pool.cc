@@ -23,7 +23,6 @@ constexpr int64_t kMaxTasks = int64_t{1} << kTaskBits;
 inline uint64_t pack(uint64_t generation, uint64_t next, uint64_t count) {
   return (generation << (2 * kTaskBits)) | (next << kTaskBits) | count;
 }
-inline uint64_t generation_of(uint64_t w) { return w >> (2 * kTaskBits); }
 inline uint64_t next_of(uint64_t w) { return (w >> kTaskBits) & kTaskMask; }
 inline uint64_t count_of(uint64_t w) { return w & kTaskMask; }
 
@@ -88,7 +87,7 @@ int64_t ThreadPool::work(int thread) {
   uint64_t w = claim_.load(std::memory_order_acquire);
   for (;;) {
     if (next_of(w) >= count_of(w)) return n_ran;
-    // Success means task next_of(w) of generation generation_of(w) is ours, and that
+    // Success means task next_of(w) of the generation in w's top bits is ours, and that
     // job cannot finish (so job_ stays valid) until we report it done.
     if (!claim_.compare_exchange_weak(w, w + (uint64_t{1} << kTaskBits),
                                       std::memory_order_acq_rel, std::memory_order_acquire)) {
