@@ -641,8 +641,41 @@ TEST(Fp8KvConversion, RoundsToNearestEvenAndSaturates) {
   EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(f32_to_fp8_e4m3(NAN))));
 }
 
-// The F16 path against attention written as plain loops in double (scores, max,
-// softmax, weighted sum) on the same F16-rounded keys and values.
+// Token t's head h as plain loops in double (scores, max, softmax, weighted sum) over its
+// sequence's stored keys and values, each query element passed through round_q first.
+std::vector<double> naive_attention(const PagedCase& c, int64_t t, int h,
+                                    float (*round_q)(float)) {
+  const Shape& sh = c.sh;
+  const int s = c.seq_of_token[t];
+  const int n_ctx = c.positions[t] + 1;
+  const int kvh = h / (sh.n_heads / sh.n_kv_heads);
+  const float* q = &c.q[t * c.q_row + int64_t{h} * sh.head_dim];
+  std::vector<double> score(n_ctx);
+  double mx = -INFINITY;
+  for (int p = 0; p < n_ctx; ++p) {
+    const float* k = &c.k_seq[s][p * c.k_row + int64_t{kvh} * sh.head_dim];
+    double dot = 0.0;
+    for (int d = 0; d < sh.head_dim; ++d) dot += double{round_q(q[d])} * k[d];
+    score[p] = dot * c.scale;
+    mx = std::max(mx, score[p]);
+  }
+  double sum = 0.0;
+  for (int p = 0; p < n_ctx; ++p) sum += score[p] = std::exp(score[p] - mx);
+  std::vector<double> out(sh.v_dim);
+  for (int d = 0; d < sh.v_dim; ++d) {
+    double o = 0.0;
+    for (int p = 0; p < n_ctx; ++p) {
+      o += score[p] * c.v_seq[s][p * c.v_row + int64_t{kvh} * sh.v_dim + d];
+    }
+    out[d] = o / sum;
+  }
+  return out;
+}
+
+float as_is(float x) { return x; }
+
+// The F16 path against attention written as plain loops in double on the same
+// F16-rounded keys and values.
 TEST_P(PagedAttentionTest, F16PoolMatchesNaiveAttention) {
   const std::vector<SeqStep> seqs = {{1, 1}, {33, 1}, {129, 29}, {400, 1}, {70, 70}};
   for (const Shape& sh : {Shape{16, 9, 3, 64, 64}, Shape{128, 4, 2, 48, 32},
@@ -650,32 +683,12 @@ TEST_P(PagedAttentionTest, F16PoolMatchesNaiveAttention) {
     SCOPED_TRACE(shape_name(sh));
     const PagedCase c = make_case(*backend_, sh, seqs, rng_, /*f16=*/true);
     const std::vector<float> got = c.run(*backend_, {}, DType::kF16);
-    const int group = sh.n_heads / sh.n_kv_heads;
     for (int64_t t = 0; t < c.n_tokens(); ++t) {
-      const int s = c.seq_of_token[t];
-      const int n_ctx = c.positions[t] + 1;
       for (int h = 0; h < sh.n_heads; ++h) {
-        const int kvh = h / group;
-        const float* q = &c.q[t * c.q_row + int64_t{h} * sh.head_dim];
-        std::vector<double> score(n_ctx);
-        double mx = -INFINITY;
-        for (int p = 0; p < n_ctx; ++p) {
-          const float* k = &c.k_seq[s][p * c.k_row + int64_t{kvh} * sh.head_dim];
-          double dot = 0.0;
-          for (int d = 0; d < sh.head_dim; ++d) dot += double{q[d]} * k[d];
-          score[p] = dot * c.scale;
-          mx = std::max(mx, score[p]);
-        }
-        double sum = 0.0;
-        for (int p = 0; p < n_ctx; ++p) sum += score[p] = std::exp(score[p] - mx);
+        const std::vector<double> want = naive_attention(c, t, h, as_is);
         for (int d = 0; d < sh.v_dim; ++d) {
-          double o = 0.0;
-          for (int p = 0; p < n_ctx; ++p) {
-            o += score[p] * c.v_seq[s][p * c.v_row + int64_t{kvh} * sh.v_dim + d];
-          }
-          const double want = o / sum;
           const float g = got[t * c.o_row + int64_t{h} * sh.v_dim + d];
-          ASSERT_NEAR(g, want, 1e-5 * std::max(1.0, std::fabs(want)))
+          ASSERT_NEAR(g, want[d], 1e-5 * std::max(1.0, std::fabs(want[d])))
               << "position " << c.positions[t] << " head " << h << " dim " << d;
         }
       }
@@ -719,24 +732,10 @@ TEST_P(PagedAttentionTest, F8LatentPoolInBf16MatchesNaiveAttention) {
       }
       const double bound = 2 * u * v_max / (1 - u);
       for (int h = 0; h < sh.n_heads; ++h) {
-        const float* q = &c.q[t * c.q_row + int64_t{h} * sh.head_dim];
-        std::vector<double> score(n_ctx);
-        double mx = -INFINITY;
-        for (int p = 0; p < n_ctx; ++p) {
-          const float* k = &c.k_seq[s][p * c.k_row];
-          double dot = 0.0;
-          for (int d = 0; d < sh.head_dim; ++d) dot += double{round_to_bf16(q[d])} * k[d];
-          score[p] = dot * c.scale;
-          mx = std::max(mx, score[p]);
-        }
-        double sum = 0.0;
-        for (int p = 0; p < n_ctx; ++p) sum += score[p] = std::exp(score[p] - mx);
+        const std::vector<double> want = naive_attention(c, t, h, round_to_bf16);
         for (int d = 0; d < sh.v_dim; ++d) {
-          double o = 0.0;
-          for (int p = 0; p < n_ctx; ++p) o += score[p] * c.k_seq[s][p * c.k_row + d];
-          const double want = o / sum;
           const float g = got[t * c.o_row + int64_t{h} * sh.v_dim + d];
-          ASSERT_NEAR(g, want, bound + 1e-5 * std::max(1.0, std::fabs(want)))
+          ASSERT_NEAR(g, want[d], bound + 1e-5 * std::max(1.0, std::fabs(want[d])))
               << "position " << c.positions[t] << " head " << h << " dim " << d;
         }
       }
