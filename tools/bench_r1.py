@@ -17,6 +17,9 @@ thread count, one configuration at a time, the engines alternating:
     sequence's tokens go to the same experts) and, beside them, C distinct prompts;
     against llama-batched-bench `-npp 128 -ntg T -npl C` (its S_TG, generation
     tokens/s).
+  - --repeats N (decode rows): the engines alternate N times and the row reports each
+    engine's median, every run kept in the JSON (this 2-core host's speed swings by
+    tens of percent over minutes; a median of alternations is steadier than one run);
   - long contexts (--long-depths, the first thread count only): dserve's decode at
     each depth with F16 and FP8 latents, its prefill of the depth's prompt timed as
     well (the whole context served through the engine, end to end); llama.cpp and
@@ -27,12 +30,14 @@ Prints a markdown table (engine figures and dserve's ratio to each) and writes J
 
   .venv/bin/python tools/bench_r1.py --gguf R1.Q8_0.gguf --llama-bin DIR [--ik-bin DIR]
       [--threads 1 2] [--depths 0 4096] [--prompts 512 4096] [--concurrency 8 32]
+      [--decode 64 --repeats 3]
       [--long-depths 16384 32768 --long-anchors-up-to 16384]
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -110,6 +115,19 @@ def batched_bench(bin_dir, model, threads, n, n_decode, extra=()):
     return float(rows[-1].split("|")[8])
 
 
+def alternate(engines, repeats):
+    """Runs each engine's measurement in turn, `repeats` rounds: each engine's median
+    as its figure, and every run under "<engine>_runs"."""
+    runs = {k: [] for k in engines}
+    for _ in range(repeats):
+        for k, measure in engines.items():
+            runs[k].append(measure())
+    f = {k: statistics.median(v) for k, v in runs.items()}
+    if repeats > 1:
+        f.update({k + "_runs": v for k, v in runs.items()})
+    return f
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dserve", default="build/dserve")
@@ -121,6 +139,8 @@ def main():
     ap.add_argument("--prompts", type=int, nargs="*", default=[512, 4096])
     ap.add_argument("--concurrency", type=int, nargs="*", default=[8, 32])
     ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="decode rows: alternate the engines this many times, report medians")
     ap.add_argument("--long-depths", type=int, nargs="*", default=[])
     ap.add_argument("--long-anchors-up-to", type=int, default=0)
     ap.add_argument("--long-latents", nargs="+", default=["float16", "fp8"],
@@ -142,14 +162,15 @@ def main():
 
     def standard(t):
         for d in a.depths:
-            f = {}
-            f["dserve"] = dserve_decode(a, t, 1, d, "float16")
-            f["dserve_fp8"] = dserve_decode(a, t, 1, d, "fp8")
-            f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t, ["-p", 0, "-n", a.decode, "-d", d])
+            engines = {
+                "dserve": lambda: dserve_decode(a, t, 1, d, "float16"),
+                "dserve_fp8": lambda: dserve_decode(a, t, 1, d, "fp8"),
+                "llama.cpp": lambda: llama_bench(a.llama_bin, a.gguf, t,
+                                                 ["-p", 0, "-n", a.decode, "-d", d])}
             if a.ik_bin:
-                f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t,
-                                                ["-p", 0, "-n", 0, "-gp", f"{d},{a.decode}"] + IK_FLAGS)
-            report(t, f"decode @ depth {d}", f)
+                engines["ik_llama.cpp"] = lambda: llama_bench(
+                    a.ik_bin, a.gguf, t, ["-p", 0, "-n", 0, "-gp", f"{d},{a.decode}"] + IK_FLAGS)
+            report(t, f"decode @ depth {d}", alternate(engines, a.repeats))
         for p in a.prompts:
             f = {}
             f["dserve"] = dserve_prompt(a, t, p)
