@@ -207,12 +207,14 @@ def main():
             if d > a.long_anchors_up_to:
                 continue
             f = {}
-            if "llama.cpp" in a.long_anchors:
-                f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t,
-                                             ["-p", 0, "-n", a.decode, "-d", d])
+            # ik_llama.cpp, the faster anchor, first: llama.cpp's prefill takes longest.
             if a.ik_bin and "ik_llama.cpp" in a.long_anchors:
                 f["ik_llama.cpp"] = llama_bench(a.ik_bin, a.gguf, t,
                                                 ["-p", 0, "-n", 0, "-gp", f"{d},{a.decode}"] + IK_FLAGS)
+                print(json.dumps(f), flush=True)
+            if "llama.cpp" in a.long_anchors:
+                f["llama.cpp"] = llama_bench(a.llama_bin, a.gguf, t,
+                                             ["-p", 0, "-n", a.decode, "-d", d])
             report(t, f"anchors: decode @ depth {d}", f)
 
     # The figures that matter most first, so that a cut-short run still has them.

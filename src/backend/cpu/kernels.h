@@ -205,7 +205,10 @@ using MatmulPackedFn = void (*)(const uint8_t* packed, const uint8_t* x_tiles, i
 struct PackedLayout {
   int64_t block_bytes = 0;  // bytes per panel and 32-element block; 0: no packed form
   int64_t panel_extra_bytes = 0;  // bytes per panel besides the blocks (I8's row scales)
-  int64_t panel_bytes(int64_t k) const { return k / 32 * block_bytes + panel_extra_bytes; }
+  int64_t odd_block_extra_bytes = 0;  // more where k / 32 is odd (blocks packed in pairs)
+  int64_t panel_bytes(int64_t k) const {
+    return k / 32 * block_bytes + (k / 32 % 2) * odd_block_extra_bytes + panel_extra_bytes;
+  }
 };
 
 // Quantises x[k] as token t straight into `tiles` (tile width `tile`): the same bytes

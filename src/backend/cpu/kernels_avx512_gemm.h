@@ -67,11 +67,14 @@ inline __m512i panel_row_index() {
 // 32-bit word holds the f16 d (low half) and, for Q4_1, the f16 m. kOffsetIndex: which
 // of the tile's per-block offset sums (kernels.h) makes the integer dot signed.
 //
-// Packed form, per panel and block: the transposed weight vectors (Q4: the 4 vectors
-// of nibble pairs, unpacked as they are loaded; Q8_0: the 8 vectors of u = q + 128),
-// then the 16 lanes' d and (Q4_1) m as f16 in lane order: kPackedBlockBytes, the d
-// at kPackedHeadOffset, padded to 64 bytes (at most 2 bytes per row and block more
-// than the original rows: the memory budget counts them, prepared_weight_bytes).
+// Packed form, per panel, blocks in pairs: the two blocks' heads (the 16 lanes' d and,
+// for Q4_1, m as f16 in lane order; kHeadBytes each), then their transposed weight
+// vectors (Q4: the 4 vectors of nibble pairs, unpacked as they are loaded; Q8_0: the 8
+// vectors of u = q + 128; kWeightBytes each). A pair is a whole number of cache lines
+// and every weight vector 64-byte aligned, with no padding: a packed Q8_0 or Q4_0
+// panel is exactly as large as its 16 original rows (decode streams these bytes, so
+// padding each block's 32 bytes of d to a cache line cost Q8_0 6% of its speed). A
+// panel of odd nb ends in a half pair, its second head's bytes unused.
 //
 // kDecodePrefetch: whether a single-token call over packed panels prefetches each
 // panel's successor block by block (the last panel of a matrix always prefetches the
@@ -82,8 +85,8 @@ inline __m512i panel_row_index() {
 struct PanelQ8_0 {
   using Block = block_q8_0;
   static constexpr int kQsOffset = 2;
-  static constexpr int64_t kPackedBlockBytes = 576;
-  static constexpr int64_t kPackedHeadOffset = 512;
+  static constexpr int64_t kHeadBytes = 32;
+  static constexpr int64_t kWeightBytes = 512;
   static constexpr bool kNibbles = false;
   static constexpr bool kHasMin = false;
   static constexpr int kOffsetIndex = 1;  // -128 sum(q)
@@ -92,8 +95,8 @@ struct PanelQ8_0 {
 struct PanelQ4_0 {
   using Block = block_q4_0;
   static constexpr int kQsOffset = 2;
-  static constexpr int64_t kPackedBlockBytes = 320;
-  static constexpr int64_t kPackedHeadOffset = 256;
+  static constexpr int64_t kHeadBytes = 32;
+  static constexpr int64_t kWeightBytes = 256;
   static constexpr bool kNibbles = true;
   static constexpr bool kHasMin = false;
   static constexpr int kOffsetIndex = 0;  // -8 sum(q)
@@ -102,13 +105,33 @@ struct PanelQ4_0 {
 struct PanelQ4_1 {
   using Block = block_q4_1;
   static constexpr int kQsOffset = 4;
-  static constexpr int64_t kPackedBlockBytes = 320;
-  static constexpr int64_t kPackedHeadOffset = 256;
+  static constexpr int64_t kHeadBytes = 64;
+  static constexpr int64_t kWeightBytes = 256;
   static constexpr bool kNibbles = true;
   static constexpr bool kHasMin = true;
   static constexpr int kOffsetIndex = -1;  // unsigned weights: no offset
   static constexpr bool kDecodePrefetch = true;
 };
+
+// The packed form's addresses (see above): block b's weight vectors and head within a
+// panel, and a panel's bytes for nb blocks (PackedLayout::panel_bytes agrees).
+template <typename Traits>
+constexpr int64_t packed_pair_bytes() {
+  return 2 * (Traits::kHeadBytes + Traits::kWeightBytes);
+}
+template <typename Traits>
+inline int64_t packed_weights_at(int64_t b) {
+  return (b >> 1) * packed_pair_bytes<Traits>() + 2 * Traits::kHeadBytes +
+         (b & 1) * Traits::kWeightBytes;
+}
+template <typename Traits>
+inline int64_t packed_head_at(int64_t b) {
+  return (b >> 1) * packed_pair_bytes<Traits>() + (b & 1) * Traits::kHeadBytes;
+}
+template <typename Traits>
+constexpr int64_t packed_panel_bytes(int64_t nb) {
+  return nb * (Traits::kHeadBytes + Traits::kWeightBytes) + (nb & 1) * Traits::kHeadBytes;
+}
 
 // 16 rows' 16 bytes at rows[r] + offset as four vectors: out[j] lane p = 32-bit word
 // j of row kPanelRow(p). (Within each 128-bit lane L, unpacking the four row-quads
@@ -181,10 +204,10 @@ class PanelReader {
                          : _mm512_setzero_ps();
   }
 
-  // Writes block b in the packed form (Traits' kPackedBlockBytes at `out`, 64-byte
-  // aligned).
-  void pack(int64_t b, uint8_t* out) const {
+  // Writes block b into `panel` (64-byte aligned) in the packed form.
+  void pack(int64_t b, uint8_t* panel) const {
     const int64_t blk = b * static_cast<int64_t>(sizeof(Block));
+    uint8_t* out = panel + packed_weights_at<Traits>(b);
     __m512i t[4];
     transpose_16x4(rows_, blk + Traits::kQsOffset, t);
     if constexpr (Traits::kNibbles) {
@@ -198,11 +221,12 @@ class PanelReader {
       }
     }
     const __m512i h = head(blk);
-    uint8_t* head_out = out + Traits::kPackedHeadOffset;
+    uint8_t* head_out = panel + packed_head_at<Traits>(b);
     _mm256_store_si256(reinterpret_cast<__m256i*>(head_out), _mm512_cvtepi32_epi16(h));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(head_out + 32),
-                       Traits::kHasMin ? _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))
-                                       : _mm256_setzero_si256());
+    if constexpr (Traits::kHasMin) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(head_out + 32),
+                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+    }
   }
 
  private:
@@ -253,15 +277,17 @@ template <typename Traits>
 struct PackedPanel {
   const uint8_t* panel;
   const uint8_t* next;
+  // The next panel's lines in step with this one's blocks: a pair's lines split
+  // between its two blocks.
   void prefetch(int64_t b) const {
     if (next == nullptr) return;
-    for (int64_t i = 0; i < Traits::kPackedBlockBytes; i += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + b * Traits::kPackedBlockBytes + i),
-                   kStreamPrefetchHint);
+    constexpr int64_t kHalf = packed_pair_bytes<Traits>() / 2;
+    for (int64_t i = b * kHalf; i < (b + 1) * kHalf; i += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + i), kStreamPrefetchHint);
     }
   }
   __m512i group(int64_t b, int g) const {
-    const uint8_t* pb = panel + b * Traits::kPackedBlockBytes;
+    const uint8_t* pb = panel + packed_weights_at<Traits>(b);
     if constexpr (Traits::kNibbles) {  // low nibbles: elements 4g.., high: 16 + 4(g - 4)..
       const __m512i t = _mm512_load_si512(pb + 64 * (g % 4));
       return _mm512_and_si512(g < 4 ? t : _mm512_srli_epi32(t, 4), _mm512_set1_epi8(0x0F));
@@ -275,7 +301,7 @@ struct PackedPanel {
     scales(b, d, m);
   }
   void scales(int64_t b, __m512* d, __m512* m) const {
-    const uint8_t* head = panel + b * Traits::kPackedBlockBytes + Traits::kPackedHeadOffset;
+    const uint8_t* head = panel + packed_head_at<Traits>(b);
     *d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head)));
     *m = Traits::kHasMin
              ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(head + 32)))
@@ -574,8 +600,8 @@ void pack_weight_q32(const uint8_t* w, size_t w_stride, int64_t n_rows, int64_t 
   for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
     const int nr = static_cast<int>(n_rows - r0 < kPanelRows ? n_rows - r0 : kPanelRows);
     const PanelReader<Traits> reader(w + r0 * w_stride, w_stride, nr, nb, nullptr, 0);
-    uint8_t* panel = out + r0 / kPanelRows * nb * Traits::kPackedBlockBytes;
-    for (int64_t b = 0; b < nb; ++b) reader.pack(b, panel + b * Traits::kPackedBlockBytes);
+    uint8_t* panel = out + r0 / kPanelRows * packed_panel_bytes<Traits>(nb);
+    for (int64_t b = 0; b < nb; ++b) reader.pack(b, panel);
   }
 }
 
@@ -588,12 +614,12 @@ void matmul_q32_packed(const uint8_t* packed, const uint8_t* x_tiles, int64_t k,
   for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
     const int nr = static_cast<int>(n_rows - r0 < kPanelRows ? n_rows - r0 : kPanelRows);
     const __mmask16 store_mask = static_cast<__mmask16>((1u << nr) - 1);
-    const uint8_t* p = packed + r0 / kPanelRows * nb * Traits::kPackedBlockBytes;
+    const uint8_t* p = packed + r0 / kPanelRows * packed_panel_bytes<Traits>(nb);
     // The last panel prefetches the matrix this thread reads next, where there is one
     // (else the bytes after this matrix: a prefetch never faults).
     const bool last = r0 + kPanelRows >= n_rows;
     const uint8_t* next =
-        last && next_matrix != nullptr ? next_matrix : p + nb * Traits::kPackedBlockBytes;
+        last && next_matrix != nullptr ? next_matrix : p + packed_panel_bytes<Traits>(nb);
     if (n_tokens == 1) {
       // Decode reads the panels in order, one sequential stream that the hardware
       // prefetcher follows; see Traits::kDecodePrefetch for where ours still pays.
@@ -617,7 +643,8 @@ void add_packed(KernelTable& t, DType dtype) {
   const int i = static_cast<int>(dtype);
   t.pack_weight[i] = pack_weight_q32<Traits>;
   t.matmul_packed[i] = matmul_q32_packed<Traits>;
-  t.packed_layout[i].block_bytes = Traits::kPackedBlockBytes;
+  t.packed_layout[i].block_bytes = Traits::kHeadBytes + Traits::kWeightBytes;
+  t.packed_layout[i].odd_block_extra_bytes = Traits::kHeadBytes;
 }
 
 // Installs the batched kernels into an AVX-512 table. They serve every token count:
