@@ -72,8 +72,8 @@ inline __m512i panel_row_index() {
 // vectors (Q4: the 4 vectors of nibble pairs, unpacked as they are loaded; Q8_0: the 8
 // vectors of u = q + 128; kWeightBytes each). A pair is a whole number of cache lines
 // and every weight vector 64-byte aligned, with no padding: a packed Q8_0 or Q4_0
-// panel is exactly as large as its 16 original rows (decode streams these bytes, so
-// padding each block's 32 bytes of d to a cache line cost Q8_0 6% of its speed). A
+// panel is exactly as large as its 16 original rows (decode streams these bytes;
+// padding each block's 32 bytes of d to a cache line made Q8_0's 6% more). A
 // panel of odd nb ends in a half pair, its second head's bytes unused.
 //
 // kDecodePrefetch: whether a single-token call over packed panels prefetches each
